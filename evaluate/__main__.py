@@ -1,0 +1,22 @@
+"""``python -m evaluate [overrides]``: the Hydra application that runs one configuration (or a sweep with -m)."""
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from evaluate.config import ConfigError
+from evaluate.runner import run
+
+
+@hydra.main(version_base=None, config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> float | None:
+    try:
+        return run(cfg)["score"]
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

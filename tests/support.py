@@ -1,0 +1,60 @@
+"""Helpers shared by the tests: composing the real Hydra config, and a small in-code benchmark."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from evaluate.benchmarks import Sample
+from evaluate.benchmarks.ruler import score_predictions
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.\n"
+
+
+def compose_config(output_dir: Path, *overrides: str):
+    """The real config tree, on the tiny random model, writing under ``output_dir``."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        return compose(
+            config_name="config",
+            overrides=["model=tiny_random", f"output_dir={output_dir}", "device=cpu", *overrides],
+        )
+
+
+@dataclass
+class SharedContextBenchmark:
+    """Two contexts with three questions each, so that grouping and resuming cross context boundaries."""
+
+    name: str = "shared_context"
+    contexts: int = 3
+    questions_per_context: int = 3
+    max_new_tokens: int = 6
+
+    def load(self, tokenizer, limit: int | None = None) -> list[Sample]:
+        samples = []
+        for c in range(self.contexts):
+            context = f"Document {c}.\n" + FILLER * 4 + f"The special magic number of document {c} is {1000 + c}.\n"
+            for q in range(self.questions_per_context):
+                samples.append(
+                    Sample(
+                        id=f"doc-{c}-{q}",
+                        task=f"niah_task{q % 2}",
+                        context=context,
+                        question=f"Question {q}: what is the special magic number? ",
+                        answer_prefix="Answer:",
+                        answers=[str(1000 + c)],
+                        max_new_tokens=self.max_new_tokens,
+                    )
+                )
+        return samples if limit is None else samples[: limit * 2]
+
+    def score(self, rows: list[dict]) -> dict:
+        return score_predictions(rows, benchmark=self.name)
+
+
+def with_shared_context(cfg):
+    """Swap the composed benchmark for ``SharedContextBenchmark``."""
+    cfg.benchmark = OmegaConf.create({"_target_": "tests.support.SharedContextBenchmark", "name": "shared_context"})
+    return cfg
