@@ -162,11 +162,11 @@ class TinyRandomModel:
     """
 
     seed: int = 0
-    hidden_size: int = 64
+    hidden_size: int = 256
     num_hidden_layers: int = 2
     num_attention_heads: int = 4
     num_key_value_heads: int = 2
-    intermediate_size: int = 128
+    intermediate_size: int = 256
 
     def load_tokenizer(self):
         return build_tiny_tokenizer()

@@ -179,6 +179,8 @@ def run(cfg: DictConfig) -> dict:
     """Run (or resume) one configuration; return its metrics."""
     started = time.perf_counter()
     validate(cfg)
+    # Our own bar tracks the run; per-tensor loading bars would bury it.
+    transformers_logging.disable_progress_bar()
     out = run_dir(cfg)
     run_fingerprint = fingerprint(cfg)
     benchmark = instantiate(cfg.benchmark)
@@ -203,7 +205,6 @@ def run(cfg: DictConfig) -> dict:
     stats = RunStats.resume(rundir.read_json(out / rundir.RUN))
     _write_run(out, stats, "running", len(done_ids), len(samples), device)
 
-    transformers_logging.disable_progress_bar()
     torch.manual_seed(cfg.seed)
     model = source.load_model(device, cfg.dtype, cfg.attn_implementation)
     from kvpress import KVPressTextGenerationPipeline  # imported late: kvpress patches attention globally

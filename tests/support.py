@@ -25,7 +25,12 @@ def compose_config(output_dir: Path, *overrides: str):
 
 @dataclass
 class SharedContextBenchmark:
-    """Two contexts with three questions each, so that grouping and resuming cross context boundaries."""
+    """Three contexts with three questions each, so that grouping and resuming cross context boundaries.
+
+    Questions are short on purpose: AdaKV masks evicted keys with a fake key orthogonal to every query of the
+    question, which exists only while the queries are few compared with the head dimension, and the random
+    model's queries point everywhere.
+    """
 
     name: str = "shared_context"
     contexts: int = 3
@@ -42,8 +47,8 @@ class SharedContextBenchmark:
                         id=f"doc-{c}-{q}",
                         task=f"niah_task{q % 2}",
                         context=context,
-                        question=f"Question {q}: what is the special magic number? ",
-                        answer_prefix="Answer:",
+                        question=f"Q{q}? ",
+                        answer_prefix="A:",
                         answers=[str(1000 + c)],
                         max_new_tokens=self.max_new_tokens,
                     )

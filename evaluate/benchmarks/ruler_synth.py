@@ -1,0 +1,630 @@
+"""RULER's synthetic tasks, generated locally with the evaluated model's own tokenizer.
+
+RULER (NVIDIA, commit ``c3f5e3b``) builds each prompt from a task template, fills it with a random haystack
+and fits the haystack to ``max_seq_length`` tokens with the tokenizer of the model under test. This module
+does the same for the six tasks that need no external data (``niah_single_1``, ``niah_multikey_2``,
+``niah_multikey_3``, ``vt``, ``cwe``, ``fwe``), following the rules written down in
+``shared/reference/ruler/README.md``:
+
+- the prompt is the ``base`` model template (the bare task template) followed by the answer prefix;
+- a prompt fits when ``len(tokenizer.tokenize(prompt)) + tokens_to_generate <= max_seq_length``;
+- niah, vt and cwe binary-search the largest haystack size that fits, then regenerate each sample at that size
+  and shrink it by one step while its random content makes it too long; fwe grows a word count instead;
+- samples are split into kvpress's hub schema (context / question / answer_prefix) with the patterns of
+  kvpress's ``create_huggingface_dataset.py``.
+
+Templates, answer prefixes, generation lengths and per-task arguments are read at runtime from
+``ruler_data/templates.json`` and ``ruler_data/synthetic.yaml``, byte-exact copies of the reference files.
+
+Randomness mirrors RULER's scripts, which seed Python's ``random`` and NumPy's legacy generator once and then
+draw from them in a fixed order, but uses local ``random.Random`` / ``numpy.random.RandomState`` instances.
+Generation is therefore deterministic per seed, unaffected by anything else in the process, and sample ``i``
+is the same whatever the number of samples requested (the haystack size is searched before any sample is
+drawn, and samples are drawn one after the other from the same generators).
+"""
+
+import importlib.resources
+import itertools
+import json
+import math
+import random
+import re
+import string
+import uuid
+from bisect import bisect_right
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+import numpy as np
+import yaml
+from tqdm import tqdm
+
+from evaluate.benchmarks import Sample
+
+TASKS: tuple[str, ...] = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "vt", "cwe", "fwe")
+
+# kvpress's create_huggingface_dataset.py keys its split patterns by the task name before the first "_".
+_QUESTION_PATTERNS = {
+    "niah": re.compile(r"What (?:is|are all) the special magic"),
+    "vt": re.compile(r"Question: Find all variables that are assigned the value"),
+    "cwe": re.compile(r"Question: What are the 10 most common words in the above list\?"),
+    "fwe": re.compile(r"Question: Do not provide any explanation\."),
+}
+_ANSWER_PATTERNS = {
+    "niah": re.compile(r"The special magic"),
+    "vt": re.compile(r"Answer:"),
+    "cwe": re.compile(r"Answer:"),
+    "fwe": re.compile(r"Answer:"),
+}
+
+# At the smallest haystack size RULER keeps redrawing until a sample fits, forever if none can; bound that.
+_MAX_REDRAWS_AT_MIN_SIZE = 100
+
+# Progress bars only pay for themselves on long runs.
+_PROGRESS_MIN_SAMPLES = 20
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reference data
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _data_file(name: str) -> str:
+    return importlib.resources.files(__package__).joinpath("ruler_data").joinpath(name).read_text(encoding="utf-8")
+
+
+@cache
+def _templates() -> dict[str, Any]:
+    return json.loads(_data_file("templates.json"))
+
+
+@cache
+def _task_configs() -> dict[str, Any]:
+    return yaml.safe_load(_data_file("synthetic.yaml"))
+
+
+@cache
+def _wonderwords(list_name: str) -> tuple[str, ...]:
+    """One of wonderwords' bundled word lists, read the way wonderwords reads it (lines, right-stripped)."""
+    path = importlib.resources.files("wonderwords").joinpath("assets").joinpath(list_name)
+    with path.open("r", encoding="utf-8") as f:
+        return tuple(line.rstrip() for line in f)
+
+
+class _SortedAdjectiveNounPairs(Sequence[str]):
+    """``sorted(set(f"{adj}-{noun}" for adj in adjectives for noun in nouns))`` without building it.
+
+    RULER picks NIAH word keys with ``random.choice`` from that list (about 6.2 million strings, 12 s and
+    0.8 GB to build). Indexing it lazily gives the same element for the same random index. The strings of one
+    adjective form a sorted run of all nouns; runs only interleave when one adjective plus "-" is a prefix of
+    another (``blue`` / ``blue-eyed``), so those few clusters are built explicitly and the rest is arithmetic.
+    """
+
+    def __init__(self, adjectives: Sequence[str], nouns: Sequence[str]) -> None:
+        self._nouns = sorted(set(nouns))
+        keys = sorted({adjective + "-" for adjective in adjectives})
+        # Each block is (adjective key, None) for a plain run, or (root key, explicit sorted strings) for a cluster.
+        self._blocks: list[tuple[str, list[str] | None]] = []
+        starts: list[int] = []
+        total = 0
+        i = 0
+        while i < len(keys):
+            root = keys[i]
+            j = i + 1
+            # Keys sharing the root as a prefix sort right after it, so a cluster is contiguous.
+            while j < len(keys) and keys[j].startswith(root):
+                j += 1
+            if j == i + 1:
+                self._blocks.append((root, None))
+                size = len(self._nouns)
+            else:
+                explicit = sorted({key + noun for key in keys[i:j] for noun in self._nouns})
+                self._blocks.append((root, explicit))
+                size = len(explicit)
+            starts.append(total)
+            total += size
+            i = j
+        self._starts = starts
+        self._len = total
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, index: int) -> str:  # type: ignore[override]
+        if not 0 <= index < self._len:
+            raise IndexError(index)
+        block = bisect_right(self._starts, index) - 1
+        key, explicit = self._blocks[block]
+        offset = index - self._starts[block]
+        return explicit[offset] if explicit is not None else key + self._nouns[offset]
+
+
+@cache
+def _niah_words() -> _SortedAdjectiveNounPairs:
+    return _SortedAdjectiveNounPairs(_wonderwords("adjectivelist.txt"), _wonderwords("nounlist.txt"))
+
+
+@cache
+def _cwe_pool(seed: int) -> tuple[str, ...]:
+    words = sorted(set(_wonderwords("nounlist.txt") + _wonderwords("adjectivelist.txt") + _wonderwords("verblist.txt")))
+    random.Random(seed).shuffle(words)
+    return tuple(words)
+
+
+def _riemann_zeta(s: float) -> float:
+    """zeta(s) for s > 1 (scipy's ``zeta`` in RULER; scipy is not a dependency here)."""
+    if s == 2.0:
+        # Bit-identical to scipy.special.zeta(2.0), so word counts truncate exactly as RULER's do.
+        return math.pi**2 / 6
+    if s <= 1.0:
+        raise ValueError(f"zeta diverges for s={s} <= 1")
+    # Euler-Maclaurin: the first n terms, the integral tail, and a few Bernoulli corrections.
+    n = 20
+    total = sum(k**-s for k in range(1, n))
+    total += n ** (1 - s) / (s - 1) + 0.5 * n**-s
+    rising, power = s, n ** (-s - 1)
+    for j, bernoulli in enumerate((1 / 6, -1 / 30, 1 / 42, -1 / 30, 5 / 66, -691 / 2730), start=1):
+        total += bernoulli / math.factorial(2 * j) * rising * power
+        rising *= (s + 2 * j - 1) * (s + 2 * j)
+        power /= n * n
+    return total
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Generators: one per RULER task family, each yielding (full prompt, reference answers) forever
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _largest_fitting(fits: Callable[[int], bool], lower: int, upper: int) -> int | None:
+    """RULER's binary search: the largest size in [lower, upper] whose freshly drawn prompt fits."""
+    best = None
+    while lower <= upper:
+        middle = (lower + upper) // 2
+        if fits(middle):
+            best, lower = middle, middle + 1
+        else:
+            upper = middle - 1
+    return best
+
+
+class _Family:
+    """State shared by the task generators: the assembled template, the token counter and the two RNGs."""
+
+    family: str
+
+    def __init__(self, tokenizer, max_seq_length: int, seed: int, args: dict[str, Any]) -> None:
+        spec = _templates()["task_families"][self.family]
+        self.tokenizer = tokenizer
+        self.max_seq_length = max_seq_length
+        self.seed = seed
+        self.args = args
+        self.task_template = spec["template"]
+        self.answer_prefix = spec["answer_prefix"]
+        self.tokens_to_generate = int(spec["tokens_to_generate"])
+        model_template = _templates()["model_templates"]["base"]
+        # prepare.py: model template around the task template, then the answer prefix.
+        self.template = model_template.format(task_template=self.task_template) + self.answer_prefix
+        self.strings = _templates()["generation_strings"]
+        # RULER seeds both the stdlib and NumPy's legacy global generators; these are local equivalents.
+        self.rng = random.Random(seed)
+        self.np_rng = np.random.RandomState(seed)
+
+    def count(self, text: str) -> int:
+        return len(self.tokenizer.tokenize(text))
+
+    def prompts(self) -> Iterator[tuple[str, list[str]]]:
+        raise NotImplementedError
+
+    def _fit_each(
+        self, build: Callable[[int], tuple[str, list[str]]], size: int, step: int
+    ) -> Iterator[tuple[str, list[str]]]:
+        """Per sample: draw at ``size``; while too long, shrink one step (or redraw at the smallest size)."""
+        while True:
+            used, redraws = size, 0
+            while True:
+                prompt, answers = build(used)
+                if self.count(prompt) + self.tokens_to_generate <= self.max_seq_length:
+                    break
+                if used > step:
+                    used -= step
+                else:
+                    redraws += 1
+                    if redraws > _MAX_REDRAWS_AT_MIN_SIZE:
+                        raise ValueError(
+                            f"{self.family}: no prompt fits in max_seq_length={self.max_seq_length} "
+                            f"even with the smallest haystack ({used})"
+                        )
+            yield prompt, answers
+
+
+class _Niah(_Family):
+    family = "niah"
+
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        args = self.args
+        self.haystack = args["type_haystack"]
+        if self.haystack not in ("noise", "needle"):
+            # The essay haystack needs Paul Graham's essays, which this module does not ship.
+            raise NotImplementedError(f"niah haystack {self.haystack!r} needs external data")
+        self.type_k, self.type_v = args["type_needle_k"], args["type_needle_v"]
+        self.num_q = args["num_needle_q"]
+        self.num_k = max(args["num_needle_k"], self.num_q)
+        self.num_v = args["num_needle_v"]
+        template, type_v_in_template = self.template, self.type_v
+        if self.num_q * self.num_v == 1:
+            # RULER's singular rewrite: plain substring replacements on the whole assembled template, in order.
+            for old, new in (("Some", "A"), ("are all", "is"), ("are", "is"), ("answers", "answer")):
+                template = template.replace(old, new)
+            type_v_in_template = type_v_in_template[:-1]
+        self.prompt_template, self.type_v_in_template = template, type_v_in_template
+
+    def _random(self, kind: str) -> str:
+        if kind == "numbers":
+            return str(self.rng.randint(1_000_000, 9_999_999))
+        if kind == "words":
+            return self.rng.choice(_niah_words())
+        if kind == "uuids":
+            return str(uuid.UUID(int=self.rng.getrandbits(128), version=4))
+        raise NotImplementedError(f"needle type {kind!r}")
+
+    def _needle(self, key: str, value: str) -> str:
+        # The needle sentence always uses the plural type word, even when the question is singular.
+        return self.strings["niah_needle"].format(type_needle_v=self.type_v, key=key, value=value)
+
+    def build(self, num_haystack: int) -> tuple[str, list[str]]:
+        keys, values, needles = [], [], []
+        for _ in range(self.num_k):
+            keys.append(self._random(self.type_k))
+            values.append([])
+            for _ in range(self.num_v):
+                values[-1].append(self._random(self.type_v))
+                needles.append(self._needle(keys[-1], values[-1][-1]))
+        # RULER shuffles the needles with a fresh generator seeded with the run seed, not the running one.
+        random.Random(self.seed).shuffle(needles)
+
+        if self.haystack == "noise":
+            lines = [self.strings["noise_haystack_sentence"]] * num_haystack
+        else:
+            lines = []
+            for _ in range(num_haystack):
+                key = self._random(self.type_k)
+                lines.append(self._needle(key, self._random(self.type_v)))
+        # Inserting from the highest position down keeps the drawn positions valid.
+        positions = sorted(self.rng.sample(range(num_haystack), len(needles)), reverse=True)
+        for position, needle in zip(positions, needles, strict=True):
+            lines.insert(position, needle)
+        context = "\n".join(lines)
+
+        queried = self.rng.sample(range(self.num_k), self.num_q)
+        queries = [keys[i] for i in queried]
+        answers = [value for i in queried for value in values[i]]
+        query = ", ".join(queries[:-1]) + ", and " + queries[-1] if len(queries) > 1 else queries[0]
+        prompt = self.prompt_template.format(type_needle_v=self.type_v_in_template, context=context, query=query)
+        return prompt, answers
+
+    def prompts(self) -> Iterator[tuple[str, list[str]]]:
+        step = 5 if self.max_seq_length < 4096 else 25
+        tokens_per_line = self.count(self.build(step)[0]) / step
+        upper = max(int((self.max_seq_length / tokens_per_line) * 3), step * 2)
+        best = _largest_fitting(
+            lambda n: self.count(self.build(n)[0]) + self.tokens_to_generate <= self.max_seq_length, step, upper
+        )
+        return self._fit_each(self.build, best if best is not None else step, step)
+
+
+class _VariableTracking(_Family):
+    family = "variable_tracking"
+
+    # The in-context example: a 500-token prompt with no generation allowance, grown in steps of 5 noise lines.
+    ICL_MAX_SEQ_LENGTH = 500
+    ICL_STEP = 5
+
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        if self.args.get("type_haystack", "noise") != "noise":
+            raise NotImplementedError("vt with an essay haystack needs external data")
+        self.num_chains = self.args["num_chains"]
+        self.num_hops = self.args["num_hops"]
+
+    def _chains(self, is_icl: bool) -> tuple[list[list[str]], list[list[str]]]:
+        length = 3 if is_icl else 5
+        hops = min(10, self.num_hops) if is_icl else self.num_hops
+        wanted = (hops + 1) * self.num_chains
+        names = ["".join(self.rng.choices(string.ascii_uppercase, k=length)) for _ in range(wanted)]
+        # RULER tops up until there are enough distinct names but then slices the list as drawn.
+        while len(set(names)) < wanted:
+            names.append("".join(self.rng.choices(string.ascii_uppercase, k=length)))
+        chain_names, chains = [], []
+        for start in range(0, len(names), hops + 1):
+            these = names[start : start + hops + 1]
+            chain_names.append(these)
+            value = "12345" if is_icl else str(self.np_rng.randint(10000, 99999))
+            lines = [self.strings["vt_chain_first"].format(name=these[0], value=value)]
+            for j in range(hops):
+                lines.append(self.strings["vt_chain_hop"].format(name=these[j + 1], previous_name=these[j]))
+            chains.append(lines)
+        return chain_names, chains
+
+    def build(self, num_noises: int, is_icl: bool = False) -> tuple[str, list[str]]:
+        chain_names, chains = self._chains(is_icl)
+        value = chains[0][0].split("=")[-1].strip()
+        lines = [self.strings["noise_haystack_sentence"]] * num_noises
+        for chain in chains:
+            positions = sorted(self.rng.sample(range(len(lines)), len(chain)))
+            # Each earlier insertion shifts the later positions by one, which keeps the chain in order.
+            for j, position in enumerate(positions):
+                lines.insert(position + j, chain[j])
+        context = "\n".join(lines).replace(". \n", ".\n")
+        prompt = self.template.format(context=context, query=value, num_v=self.num_hops + 1)
+        return prompt, chain_names[0]
+
+    def _icl_example(self) -> str:
+        """The solved example RULER puts before every prompt, built once from the same generators."""
+
+        def fits(n: int) -> bool:
+            return self.count(self.build(n, is_icl=True)[0]) <= self.ICL_MAX_SEQ_LENGTH
+
+        step = self.ICL_STEP
+        tokens_per_line = self.count(self.build(step, is_icl=True)[0]) / step
+        upper = max(int((self.ICL_MAX_SEQ_LENGTH / tokens_per_line) * 3), step * 2)
+        size = _largest_fitting(fits, step, upper)
+        used, redraws = size if size is not None else step, 0
+        while True:
+            prompt, names = self.build(used, is_icl=True)
+            if self.count(prompt) <= self.ICL_MAX_SEQ_LENGTH:
+                return prompt + " " + " ".join(names) + "\n"
+            if used > step:
+                used -= step
+            else:
+                redraws += 1
+                if redraws > _MAX_REDRAWS_AT_MIN_SIZE:
+                    raise ValueError(
+                        "vt: RULER's in-context example does not fit in its fixed 500-token budget with this "
+                        "tokenizer, even with the smallest haystack"
+                    )
+
+    def _randomize_icl(self, example: str) -> str:
+        # The names are the example's last words; each is replaced everywhere, as plain substrings.
+        for name in example.strip().split()[-(self.num_hops + 1) :]:
+            example = example.replace(name, "".join(self.rng.choices(string.ascii_uppercase, k=len(name))))
+        return example.replace("12345", str(self.np_rng.randint(10000, 99999)))
+
+    def prompts(self) -> Iterator[tuple[str, list[str]]]:
+        example = self._icl_example()
+        example_tokens = self.count(example)
+        step = 5 if self.max_seq_length < 4096 else 10
+        tokens_per_line = self.count(self.build(step)[0]) / step
+        upper = max(int((self.max_seq_length / tokens_per_line) * 3), step * 2)
+        best = _largest_fitting(
+            lambda n: self.count(self.build(n)[0]) + example_tokens + self.tokens_to_generate <= self.max_seq_length,
+            step,
+            upper,
+        )
+        # With the base model template the task template starts the prompt; a chat template would precede it.
+        task_start = self.task_template[:20]
+
+        def build_with_example(n: int) -> tuple[str, list[str]]:
+            prompt, names = self.build(n)
+            cut = prompt.index(task_start)
+            return prompt[:cut] + self._randomize_icl(example) + "\n" + prompt[cut:], names
+
+        return self._fit_each(build_with_example, best if best is not None else step, step)
+
+
+class _CommonWords(_Family):
+    family = "common_words_extraction"
+    STEP = 10
+    ESTIMATE_WORDS = 4096  # RULER measures tokens per distinct word on a 4096-word list
+    NUM_FEWSHOT = 1
+
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.freq_cw, self.freq_ucw, self.num_cw = self.args["freq_cw"], self.args["freq_ucw"], self.args["num_cw"]
+        self.pool = _cwe_pool(self.seed)
+
+    def _word_list(self, num_words: int, common_repeats: int, uncommon_repeats: int) -> tuple[str, list[str]]:
+        if num_words > len(self.pool):
+            # RULER would switch to its english_words.json list here, which this module does not ship.
+            raise ValueError(
+                f"cwe needs {num_words} distinct words but the wonderwords pool has {len(self.pool)}; "
+                "RULER's english_words.json fallback is not available (max_seq_length too large)"
+            )
+        words = self.rng.sample(self.pool, num_words)
+        common, uncommon = words[: self.num_cw], words[self.num_cw :]
+        items = common * common_repeats + uncommon * uncommon_repeats
+        # A fresh seeded generator, as in RULER: the same permutation for every list of the same length.
+        random.Random(self.seed).shuffle(items)
+        return self._numbered(items), common
+
+    def _numbered(self, words: list[str]) -> str:
+        return " ".join(self.strings["cwe_list_item"].format(n=i + 1, word=word) for i, word in enumerate(words))
+
+    def build(self, num_words: int) -> tuple[str, list[str]]:
+        # Below 4096 tokens both the example and the list use fewer repetitions.
+        if self.max_seq_length < 4096:
+            example_shape, main_shape = (20, 3, 1), (num_words, 6, 1)
+        else:
+            example_shape, main_shape = (40, 10, 3), (num_words, self.freq_cw, self.freq_ucw)
+        examples = [self._word_list(*example_shape) for _ in range(self.NUM_FEWSHOT)]
+        context, answers = self._word_list(*main_shape)
+        shots = "\n".join(
+            self.template.format(context=shot_context, query="", num_cw=self.num_cw)
+            + " "
+            + self._numbered(shot_answers)
+            for shot_context, shot_answers in examples
+        )
+        return shots + "\n" + self.template.format(context=context, query="", num_cw=self.num_cw), answers
+
+    def prompts(self) -> Iterator[tuple[str, list[str]]]:
+        tokens_per_word = self.count(self.build(self.ESTIMATE_WORDS)[0]) / self.ESTIMATE_WORDS
+        upper = max(int(self.max_seq_length // tokens_per_word) * 2, self.STEP * 2)
+        best = _largest_fitting(
+            lambda n: self.count(self.build(n)[0]) + self.tokens_to_generate <= self.max_seq_length,
+            self.STEP,
+            upper,
+        )
+        return self._fit_each(self.build, best if best is not None else self.STEP, self.STEP)
+
+
+class _FrequentWords(_Family):
+    family = "freq_words_extraction"
+    CODED_WORD_LENGTH = 6
+
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.alpha = float(self.args["alpha"])
+        self.zeta = _riemann_zeta(self.alpha)
+        # fwe budgets the prompt alone: the generation allowance comes off first.
+        self.budget = self.max_seq_length - self.tokens_to_generate
+        self.vocab_size = self.budget // 50
+        self.step = self.budget // 32
+        if self.vocab_size < 4 or self.step < 1:
+            raise ValueError(f"fwe: max_seq_length={self.max_seq_length} is too small")
+
+    def _vocabulary(self) -> list[str]:
+        def coded_word() -> str:
+            return "".join(self.rng.choices(string.ascii_lowercase, k=self.CODED_WORD_LENGTH))
+
+        words = [coded_word() for _ in range(self.vocab_size)]
+        while len(set(words)) < self.vocab_size:
+            words.append(coded_word())
+        vocabulary = sorted(set(words))
+        random.Random(self.seed).shuffle(vocabulary)
+        vocabulary[0] = "..."  # the top-ranked word is noise the question says to ignore
+        return vocabulary
+
+    def _text(self, vocabulary: list[str], num_words: int) -> tuple[str, list[str]]:
+        ranks = np.arange(1, len(vocabulary) + 1)
+        # Same float operations as RULER, so the truncated counts agree.
+        counts = num_words * (ranks**-self.alpha) / self.zeta
+        words = [word for word, count in zip(vocabulary, counts.astype(int), strict=True) for _ in range(count)]
+        random.Random(self.seed).shuffle(words)
+        return self.template.format(context=" ".join(words), query=""), vocabulary[1:4]
+
+    def prompts(self) -> Iterator[tuple[str, list[str]]]:
+        # Grow from budget // 6 words until the prompt reaches the budget, then step back once.
+        vocabulary = self._vocabulary()
+        num_words = self.budget // self.CODED_WORD_LENGTH
+        while self.count(self._text(vocabulary, num_words)[0]) < self.budget:
+            num_words += self.step
+        num_words -= self.step
+
+        while True:
+            vocabulary = self._vocabulary()
+            used = num_words
+            prompt, answers = self._text(vocabulary, used)
+            while self.count(prompt) > self.budget:
+                used -= self.step
+                if used <= 0:
+                    raise ValueError(f"fwe: no prompt fits in max_seq_length={self.max_seq_length}")
+                prompt, answers = self._text(vocabulary, used)
+            yield prompt, answers
+
+
+_FAMILIES: dict[str, type[_Family]] = {
+    cls.family: cls for cls in (_Niah, _VariableTracking, _CommonWords, _FrequentWords)
+}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Public interface
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _check_tasks(tasks: Sequence[str]) -> None:
+    unknown = [task for task in tasks if task not in TASKS]
+    if unknown:
+        raise ValueError(f"unknown ruler_synth task(s) {unknown}; valid tasks: {', '.join(TASKS)}")
+
+
+def split_prompt(task: str, prompt: str) -> tuple[str, str, str]:
+    """kvpress's hub split: the question starts at the last question-pattern match, the answer prefix at the
+    first answer-pattern match after it. Returns (context, question, answer_prefix)."""
+    key = task.split("_")[0]
+    matches = list(_QUESTION_PATTERNS[key].finditer(prompt))
+    if not matches:
+        raise ValueError(f"{task}: question pattern not found in the prompt")
+    question_start = matches[-1].start()
+    answer = _ANSWER_PATTERNS[key].search(prompt, question_start)
+    if answer is None:
+        raise ValueError(f"{task}: answer prefix pattern not found after the question")
+    return prompt[:question_start], prompt[question_start : answer.start()], prompt[answer.start() :]
+
+
+def generate_task(task: str, tokenizer, num_samples: int, max_seq_length: int = 4096, seed: int = 42) -> list[Sample]:
+    """Generate ``num_samples`` samples of one RULER task, fitted to ``max_seq_length`` with ``tokenizer``.
+
+    ids are f"{task}-{i}". The first k samples do not depend on ``num_samples``.
+    """
+    _check_tasks([task])
+    if num_samples < 0:
+        raise ValueError(f"num_samples must be >= 0, got {num_samples}")
+    if num_samples == 0:
+        return []
+    config = _task_configs()[task]
+    generator = _FAMILIES[config["task"]](tokenizer, max_seq_length, seed, dict(config["args"]))
+    prompts = itertools.islice(generator.prompts(), num_samples)
+    samples = []
+    progress = tqdm(prompts, total=num_samples, desc=f"ruler_synth {task}", disable=num_samples < _PROGRESS_MIN_SAMPLES)
+    for i, (prompt, answers) in enumerate(progress):
+        context, question, answer_prefix = split_prompt(task, prompt)
+        samples.append(
+            Sample(
+                id=f"{task}-{i}",
+                task=task,
+                context=context,
+                question=question,
+                answer_prefix=answer_prefix,
+                answers=list(answers),
+                max_new_tokens=generator.tokens_to_generate,
+            )
+        )
+    return samples
+
+
+@dataclass
+class RulerSynth:
+    """RULER's six self-contained synthetic tasks, generated locally and fitted with the model's tokenizer.
+
+    Each task's prompts follow RULER at commit c3f5e3b (``base`` model template, binary-searched haystack size,
+    fwe's word-count growth) and are split into context / question / answer prefix like kvpress's hub dataset.
+    Scores use RULER's ``string_match_all`` through :func:`evaluate.benchmarks.ruler.score_predictions`.
+
+    Parameters
+    ----------
+    tasks : list[str]
+        Tasks to generate, a subset of :data:`TASKS`.
+    max_seq_length : int
+        Token budget of a prompt plus its generation allowance (``max_new_tokens``), counted without special
+        tokens.
+    seed : int
+        Seed of every task's generators; the same seed and tokenizer give the same samples.
+    num_samples : int
+        Samples per task (RULER's default is 500).
+    name : str
+        Benchmark name in run directories and metrics.json.
+    """
+
+    tasks: list[str] = field(default_factory=lambda: list(TASKS))
+    max_seq_length: int = 4096
+    seed: int = 42
+    num_samples: int = 500
+    name: str = "ruler_synth"
+
+    def load(self, tokenizer, limit: int | None = None) -> list[Sample]:
+        """``min(limit, num_samples)`` samples of each task, task after task."""
+        _check_tasks(self.tasks)
+        count = self.num_samples if limit is None else min(limit, self.num_samples)
+        return [
+            sample
+            for task in self.tasks
+            for sample in generate_task(task, tokenizer, count, max_seq_length=self.max_seq_length, seed=self.seed)
+        ]
+
+    def score(self, rows: list[dict]) -> dict:
+        from evaluate.benchmarks.ruler import score_predictions
+
+        return score_predictions(rows, benchmark=self.name)

@@ -1,0 +1,114 @@
+"""Configuration: names, derived run names, and refusals that happen before the model loads."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra.errors import MissingConfigException
+
+from evaluate.config import ConfigError, fingerprint, run_name
+from evaluate.models import TinyRandomModel
+from evaluate.runner import run
+from tests.support import compose_config, with_shared_context
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def model_must_not_load(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model loaded before the configuration was refused")
+
+    monkeypatch.setattr(TinyRandomModel, "load_model", refuse)
+
+
+@pytest.mark.parametrize(
+    ("press", "scorer", "method"),
+    [
+        ("none", "snapkv", "no_press"),
+        ("topk", "snapkv", "snapkv"),
+        ("topk", "tova", "tova"),
+        ("adakv", "snapkv", "adakv_snapkv"),
+        ("chunkkv", "knorm", "chunkkv_knorm"),
+        ("eg_chunkkv", "snapkv", "eg_chunkkv_snapkv"),
+        ("chunkkv_upstream", "snapkv", "chunkkv_upstream_snapkv"),
+    ],
+)
+def test_method_names(tmp_path, press, scorer, method):
+    assert compose_config(tmp_path, f"press={press}", f"scorer={scorer}").press.method == method
+
+
+def test_default_configuration_is_smollm2_ruler_synth_snapkv(tmp_path):
+    with_defaults = compose_config(tmp_path, "model=smollm2_135m")
+    assert (with_defaults.model.name, with_defaults.benchmark.name, with_defaults.scorer.name) == (
+        "smollm2-135m",
+        "ruler_synth",
+        "snapkv",
+    )
+    assert with_defaults.attn_implementation == "sdpa"
+    assert with_defaults.benchmark.max_seq_length == 4096
+
+
+def test_run_name_is_readable_and_hashes_only_result_changing_keys(tmp_path):
+    base = compose_config(tmp_path, "press=eg_chunkkv", "cr=0.9")
+    name = run_name(base)
+    prefix, suffix = name.rsplit("__", 1)
+    assert prefix == "ruler_synth__tiny-random__eg_chunkkv_snapkv__cr0.90"
+    assert len(suffix) == 6
+
+    assert run_name(compose_config(tmp_path / "x", "press=eg_chunkkv", "cr=0.9", "limit=7", "device=cuda")) == name
+    assert run_name(compose_config(tmp_path, "press=eg_chunkkv", "cr=0.9", "scorer.press.window_size=32")) != name
+    assert run_name(compose_config(tmp_path, "press=eg_chunkkv", "cr=0.9", "seed=1")) != name
+
+
+def test_scorer_choice_does_not_split_uncompressed_runs(tmp_path):
+    assert fingerprint(compose_config(tmp_path, "press=none", "scorer=snapkv")) == fingerprint(
+        compose_config(tmp_path, "press=none", "scorer=knorm", "cr=0.3")
+    )
+
+
+def test_unknown_names_list_the_valid_choices(tmp_path):
+    with pytest.raises(MissingConfigException, match="eg_chunkkv"):
+        compose_config(tmp_path, "press=eg_chunk")
+    with pytest.raises(MissingConfigException, match="expected_attention"):
+        compose_config(tmp_path, "scorer=snap")
+    with pytest.raises(MissingConfigException, match="smollm2_135m"):
+        compose_config(tmp_path, "model=smollm3")
+    with pytest.raises(MissingConfigException, match="ruler_synth"):
+        compose_config(tmp_path, "benchmark=rulr")
+
+
+@pytest.mark.parametrize("cr", ["1.0", "-0.1", "1.5"])
+def test_cr_outside_unit_interval_is_refused(tmp_path, model_must_not_load, cr):
+    with pytest.raises(ConfigError, match=r"outside \[0, 1\)"):
+        run(compose_config(tmp_path, f"cr={cr}"))
+
+
+def test_non_positive_limit_is_refused(tmp_path, model_must_not_load):
+    with pytest.raises(ConfigError, match="limit=0"):
+        run(compose_config(tmp_path, "limit=0"))
+
+
+@pytest.mark.parametrize("press", ["adakv", "chunkkv", "eg_chunkkv", "chunkkv_upstream"])
+def test_presses_that_need_sdpa_are_refused_under_eager(tmp_path, model_must_not_load, press):
+    with pytest.raises(ConfigError, match="attn_implementation=eager"):
+        run(compose_config(tmp_path, f"press={press}", "attn_implementation=eager"))
+
+
+def test_scorer_window_longer_than_context_is_refused_before_the_model_loads(tmp_path, model_must_not_load):
+    cfg = with_shared_context(compose_config(tmp_path, "press=topk", "scorer.press.window_size=5000"))
+    with pytest.raises(ConfigError, match="longer than 5000 tokens"):
+        run(cfg)
+
+
+def test_cli_prints_a_one_line_error_and_exits_2():
+    result = subprocess.run(
+        [sys.executable, "-m", "evaluate", "cr=1.5", "model=tiny_random"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("error: cr=1.5 is outside [0, 1)")
