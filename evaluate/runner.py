@@ -10,6 +10,7 @@ import logging
 import resource
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib.metadata import version
@@ -57,9 +58,22 @@ def group_by_context(samples: list[Sample], query_aware: bool) -> list[list[Samp
     """Samples answerable from one compressed cache, in first-appearance order."""
     groups: dict[tuple, list[Sample]] = {}
     for sample in samples:
-        key = (press_context(sample, query_aware)[0], sample.answer_prefix, sample.max_new_tokens)
+        key = (press_context(sample, query_aware)[0], sample.answer_prefix, sample.max_new_tokens, sample.chat_template)
         groups.setdefault(key, []).append(sample)
     return list(groups.values())
+
+
+@contextmanager
+def chat_template_enabled(tokenizer, enabled: bool):
+    """kvpress's pipeline applies the tokenizer's chat template whenever it has one; a raw prompt hides it."""
+    if enabled:
+        yield
+        return
+    template, tokenizer.chat_template = tokenizer.chat_template, None
+    try:
+        yield
+    finally:
+        tokenizer.chat_template = template
 
 
 class PrefillProbe:
@@ -219,15 +233,16 @@ def run(cfg: DictConfig) -> dict:
             cache = DynamicCache()
             probe.reset()
             group_start = time.perf_counter()
-            answers = pipe(
-                context,
-                questions=[press_context(sample, cfg.query_aware)[1] for sample in group],
-                answer_prefix=group[0].answer_prefix,
-                press=press,
-                max_new_tokens=group[0].max_new_tokens,
-                max_context_length=cfg.max_context_length,
-                cache=cache,
-            )["answers"]
+            with chat_template_enabled(tokenizer, group[0].chat_template):
+                answers = pipe(
+                    context,
+                    questions=[press_context(sample, cfg.query_aware)[1] for sample in group],
+                    answer_prefix=group[0].answer_prefix,
+                    press=press,
+                    max_new_tokens=group[0].max_new_tokens,
+                    max_context_length=cfg.max_context_length,
+                    cache=cache,
+                )["answers"]
             elapsed = time.perf_counter() - group_start
             kept_ratio = measure_kept_ratio(model, cache, probe.context_length)
             rundir.append_predictions(
@@ -245,6 +260,7 @@ def run(cfg: DictConfig) -> dict:
                         "compression_ratio": effective_cr(cfg),
                         "kept_ratio": kept_ratio,
                         "context_length": probe.context_length,
+                        **sample.extra,
                     }
                     for sample, answer in zip(group, answers, strict=True)
                 ),

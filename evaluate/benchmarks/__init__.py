@@ -7,12 +7,18 @@ A benchmark object (instantiated from ``conf/benchmark/<name>.yaml``) exposes:
 - ``score(rows) -> dict``: metrics.json content computed from prediction rows alone.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
 class Sample:
-    """One question about one context, in the kvpress dataset schema."""
+    """One question about one context, in the kvpress dataset schema.
+
+    ``chat_template`` is False for prompts a protocol feeds raw (LongBench's official protocol does so for
+    few-shot tasks). ``extra`` holds fields a metric needs besides the answers (e.g. LongBench's
+    ``all_classes``); they are copied into the prediction row so that rescoring needs nothing else.
+    """
 
     id: str
     task: str
@@ -21,3 +27,5 @@ class Sample:
     answer_prefix: str
     answers: list[str]
     max_new_tokens: int
+    chat_template: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
