@@ -13,7 +13,15 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 CACHE_DIR = Path(os.environ.get("PRESSBENCH_CACHE", Path.home() / ".cache" / "pressbench"))
 
@@ -149,18 +157,24 @@ def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
     return tokenizer
 
 
+TINY_ARCHITECTURES = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
+
+
 @dataclass
 class TinyRandomModel:
-    """A random-weight Llama built from a config, for tests: seconds to build, no download.
+    """A random-weight model built from a config, for tests: seconds to build, no download.
 
     Parameters
     ----------
+    architecture : str
+        ``llama`` or ``qwen3`` (Qwen3 adds per-head query/key RMS norms, which presses must respect).
     seed : int
         Seed of the weight initialisation, so two builds are identical.
     hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads, intermediate_size : int
-        Architecture; the defaults give grouped-query attention (2 query heads per KV head).
+        Shape; the defaults give grouped-query attention (2 query heads per KV head) and head_dim 64.
     """
 
+    architecture: str = "llama"
     seed: int = 0
     hidden_size: int = 256
     num_hidden_layers: int = 2
@@ -172,13 +186,17 @@ class TinyRandomModel:
         return build_tiny_tokenizer()
 
     def load_model(self, device: str, dtype: str, attn_implementation: str):
+        if self.architecture not in TINY_ARCHITECTURES:
+            raise ValueError(f"architecture={self.architecture!r}; choose one of {', '.join(TINY_ARCHITECTURES)}")
+        config_class, model_class = TINY_ARCHITECTURES[self.architecture]
         tokenizer = build_tiny_tokenizer()
-        config = LlamaConfig(
+        config = config_class(
             vocab_size=len(tokenizer),
             hidden_size=self.hidden_size,
             num_hidden_layers=self.num_hidden_layers,
             num_attention_heads=self.num_attention_heads,
             num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.hidden_size // self.num_attention_heads,
             intermediate_size=self.intermediate_size,
             max_position_embeddings=tokenizer.model_max_length,
             bos_token_id=tokenizer.bos_token_id,
@@ -188,7 +206,7 @@ class TinyRandomModel:
         )
         with torch.random.fork_rng():
             torch.manual_seed(self.seed)
-            model = LlamaForCausalLM(config)
+            model = model_class(config)
         torch_dtype = resolve_dtype(dtype)
         if isinstance(torch_dtype, torch.dtype):
             model = model.to(torch_dtype)

@@ -177,3 +177,15 @@ def test_default_benchmark_runs_on_the_tiny_model(tmp_path):
     for row in rows:
         assert row["context_length"] <= 1024
         assert row["kept_ratio"] * row["context_length"] == pytest.approx(max(1, int(row["context_length"] * 0.1)))
+
+
+@pytest.mark.parametrize("press", PRESSES)
+def test_presses_run_on_a_tiny_qwen3(tmp_path, press):
+    cfg = with_shared_context(compose_config(tmp_path, "model=tiny_random_qwen3", f"press={press}", "cr=0.5"))
+    run(cfg)
+    rows = rundir.read_predictions(run_dir(cfg) / rundir.PREDICTIONS)
+    assert len(rows) == 6
+    assert all(
+        row["kept_ratio"] * row["context_length"] == pytest.approx(expected_kept(press, row["context_length"], 0.5))
+        for row in rows
+    )
