@@ -12,8 +12,10 @@ from omegaconf import DictConfig, OmegaConf
 
 logger = logging.getLogger(__name__)
 
+TRUNCATION_POLICIES = ("head", "middle")
+
 # Keys that never change a prediction: where results go, how many samples, which device runs them.
-NON_RESULT_KEYS = ("limit", "output_dir", "overwrite", "device")
+NON_RESULT_KEYS = ("limit", "fraction", "output_dir", "overwrite", "device", "fail_fast", "retry_errors", "wandb")
 
 
 class ConfigError(ValueError):
@@ -38,12 +40,25 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"cr={cfg.cr} is outside [0, 1): cr is the fraction of KV pairs removed, e.g. cr=0.5")
     if cfg.limit is not None and cfg.limit <= 0:
         raise ConfigError(f"limit={cfg.limit} must be a positive number of samples per task, or null for all")
+    if not 0 < cfg.fraction <= 1:
+        raise ConfigError(f"fraction={cfg.fraction} is outside (0, 1]: the share of samples to run, e.g. 0.1")
+    if cfg.truncation not in TRUNCATION_POLICIES:
+        raise ConfigError(f"truncation={cfg.truncation!r}; choose one of {', '.join(TRUNCATION_POLICIES)}")
+    if cfg.max_context_length is not None and cfg.max_context_length <= 0:
+        raise ConfigError(f"max_context_length={cfg.max_context_length} must be a positive number of tokens, or null")
     if not cfg.press.compresses and cfg.cr > 0:
         logger.warning("press=none compresses nothing: cr=%s is ignored and the run is recorded at cr=0", cfg.cr)
-    if cfg.press.compresses and cfg.press.needs_non_eager and cfg.attn_implementation == "eager":
+    if not cfg.press.compresses:
+        return
+    if cfg.press.needs_non_eager and cfg.attn_implementation == "eager":
         raise ConfigError(
             f"press {cfg.press.method} cannot run with attn_implementation=eager "
             "(kvpress's ChunkKV/AdaKV need sdpa or flash attention); use attn_implementation=sdpa"
+        )
+    if cfg.scorer.get("needs_eager", False) and cfg.attn_implementation != "eager":
+        raise ConfigError(
+            f"scorer {cfg.scorer.name} reads the attention weights, which only eager attention returns; "
+            "use attn_implementation=eager"
         )
 
 

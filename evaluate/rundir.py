@@ -5,18 +5,25 @@
 - ``config.yaml``, ``metrics.json`` and ``run.json`` are replaced whole (write beside, then rename).
 """
 
+import fcntl
 import json
 import os
+import socket
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
 from pathlib import Path
 
 import yaml
+
+from evaluate.config import ConfigError
 
 PREDICTIONS = "predictions.jsonl"
 METRICS = "metrics.json"
 RUN = "run.json"
 CONFIG = "config.yaml"
+LOCK = ".lock"
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -63,8 +70,46 @@ def read_predictions(path: Path, repair: bool = False) -> list[dict]:
     return rows
 
 
+def _jsonl(rows: Iterable[dict]) -> str:
+    return "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+
+
 def append_predictions(path: Path, rows: Iterable[dict]) -> None:
     with path.open("a", encoding="utf-8") as handle:
-        handle.write("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+        handle.write(_jsonl(rows))
         handle.flush()
         os.fsync(handle.fileno())
+
+
+def rewrite_predictions(path: Path, rows: Iterable[dict]) -> None:
+    write_atomic(path, _jsonl(rows))
+
+
+class RunLocked(ConfigError):
+    """Another live process is writing this run directory."""
+
+
+@contextmanager
+def locked(run_directory: Path) -> Iterator[None]:
+    """Hold the run directory for this process.
+
+    The lock is an flock on ``.lock``: the kernel releases it when its holder dies, however it dies, so a
+    lock left by a killed process is taken over without any staleness heuristics. The file names the holder
+    so that a refused second process can say who has the run.
+    """
+    run_directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_directory / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode("utf-8", errors="replace").strip() or "another process"
+            raise RunLocked(
+                f"{run_directory} is being written by {holder}; wait for it to finish or stop it first"
+            ) from None
+        os.ftruncate(fd, 0)
+        started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} (since {started})".encode(), 0)
+        yield
+    finally:
+        os.close(fd)

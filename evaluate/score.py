@@ -10,6 +10,7 @@ named benchmark's default configuration.
 import argparse
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -30,12 +31,23 @@ def benchmark_from_name(name: str):
     return instantiate(cfg.benchmark)
 
 
+def score_rows(benchmark, rows: list[dict]) -> dict:
+    """The benchmark's metrics, plus how many samples failed (they are scored as the wrong answers they are)."""
+    metrics = benchmark.score(rows)
+    failed = Counter(row["task"] for row in rows if row.get("error"))
+    if failed:
+        metrics["n_errors"] = sum(failed.values())
+        for task, count in failed.items():
+            metrics["tasks"][task]["n_errors"] = count
+    return metrics
+
+
 def rescore_run(run_directory: Path) -> dict:
     record = rundir.read_yaml(run_directory / rundir.CONFIG)
     if record is None:
         raise SystemExit(f"error: {run_directory} has no {rundir.CONFIG}; is it a run directory?")
     benchmark = instantiate(record["config"]["benchmark"])
-    metrics = benchmark.score(rundir.read_predictions(run_directory / rundir.PREDICTIONS))
+    metrics = score_rows(benchmark, rundir.read_predictions(run_directory / rundir.PREDICTIONS))
     rundir.write_json(run_directory / rundir.METRICS, metrics)
     return metrics
 
@@ -48,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.benchmark is not None:
         if not args.path.is_file():
             raise SystemExit(f"error: {args.path} is not a file")
-        metrics = benchmark_from_name(args.benchmark).score(rundir.read_predictions(args.path))
+        metrics = score_rows(benchmark_from_name(args.benchmark), rundir.read_predictions(args.path))
         json.dump(metrics, sys.stdout, indent=2)
         print()
         return

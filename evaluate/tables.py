@@ -5,7 +5,8 @@ def format_task_table(metrics: dict, title: str = "") -> str:
     """Per-task scores with sample counts, then the headline score."""
     rows = [(task, f"{values['score']:.2f}", str(values["n"])) for task, values in metrics["tasks"].items()]
     headline = metrics["score"]
-    rows.append(("score (mean over tasks)", "-" if headline is None else f"{headline:.2f}", ""))
+    label = metrics.get("score_label", "mean over tasks")
+    rows.append((f"score ({label})", "-" if headline is None else f"{headline:.2f}", ""))
     widths = [max(len(row[i]) for row in [("task", "score", "n"), *rows]) for i in range(3)]
     lines = [title] if title else []
     lines.append(f"{'task':<{widths[0]}}  {'score':>{widths[1]}}  {'n':>{widths[2]}}")

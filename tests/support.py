@@ -4,6 +4,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
+from kvpress.utils import compute_n_kept
 from omegaconf import OmegaConf
 
 from evaluate.benchmarks import Sample
@@ -12,6 +13,13 @@ from evaluate.benchmarks.ruler import score_predictions
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.\n"
+
+
+def expected_kept(press: str, context_length: int, cr: float) -> int:
+    """KV pairs each layer keeps on average, as each press defines its budget."""
+    if press in ("chunkkv", "eg_chunkkv"):
+        return max(1, int(context_length * (1 - cr)))
+    return compute_n_kept(context_length, cr)
 
 
 def compose_config(output_dir: Path, *overrides: str):
@@ -25,7 +33,7 @@ def compose_config(output_dir: Path, *overrides: str):
 
 @dataclass
 class SharedContextBenchmark:
-    """Three contexts with three questions each, so that grouping and resuming cross context boundaries.
+    """``contexts`` contexts (default 3) with three questions each: grouping and resuming cross contexts.
 
     Questions are short on purpose: AdaKV masks evicted keys with a fake key orthogonal to every query of the
     question, which exists only while the queries are few compared with the head dimension, and the random

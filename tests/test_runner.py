@@ -3,23 +3,15 @@
 import json
 
 import pytest
-from kvpress.utils import compute_n_kept
 
 from evaluate import rundir
 from evaluate.config import run_dir
 from evaluate.runner import run
 from evaluate.score import main as score_main
-from tests.support import compose_config, with_shared_context
+from tests.support import compose_config, expected_kept, with_shared_context
 
 PRESSES = ["topk", "chunkkv", "eg_chunkkv", "adakv"]
 SCORERS = ["snapkv", "expected_attention", "tova", "knorm", "keydiff", "streaming_llm", "random"]
-
-
-def expected_kept(press: str, context_length: int, cr: float) -> int:
-    """KV pairs each layer keeps on average, as each press defines its budget."""
-    if press in ("chunkkv", "eg_chunkkv"):
-        return max(1, int(context_length * (1 - cr)))
-    return compute_n_kept(context_length, cr)
 
 
 @pytest.mark.parametrize("scorer", SCORERS)

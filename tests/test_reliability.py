@@ -1,0 +1,235 @@
+"""Crashes, concurrency, bad input and failing samples: each provoked, each outcome checked."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from evaluate import rundir
+from evaluate.benchmarks import Sample
+from evaluate.config import ConfigError, run_dir
+from evaluate.models import TinyRandomModel
+from evaluate.runner import check_samples, run, select_fraction, truncate
+from tests.support import SharedContextBenchmark, compose_config, with_shared_context
+
+REPO = Path(__file__).resolve().parent.parent
+# The CLI on the tiny model with the in-code benchmark of tests/support.py: 12 contexts x 3 questions.
+KILL_RUN = (
+    "model=tiny_random",
+    "press=eg_chunkkv",
+    "cr=0.5",
+    "limit=null",
+    "~benchmark",
+    "+benchmark._target_=tests.support.SharedContextBenchmark",
+    "+benchmark.name=shared_context",
+    "+benchmark.contexts=12",
+    "+benchmark.max_new_tokens=24",
+)
+
+
+def cli(output_dir: Path, *overrides: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "evaluate", f"output_dir={output_dir}", "device=cpu", *overrides],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def count_lines(path: Path) -> int:
+    return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
+def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run(tmp_path):
+    killed = tmp_path / "killed"
+    final_cfg = compose_config(killed, *KILL_RUN)
+    out = run_dir(final_cfg)
+    predictions = out / rundir.PREDICTIONS
+    rng = random.Random(7)
+    kills = 0
+    for _ in range(4):
+        before = count_lines(predictions)
+        process = cli(killed, *KILL_RUN)
+        # Wait until this process has written something, then kill it at a random moment after that.
+        while count_lines(predictions) <= before and process.poll() is None:
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0.0, 0.5))
+        if process.poll() is None:
+            process.send_signal(signal.SIGKILL)
+            kills += 1
+        process.wait()
+    assert kills >= 2, "the run finished before it could be killed; make the workload longer"
+    assert rundir.read_json(out / rundir.RUN)["status"] in ("running", "complete")
+    final = cli(killed, *KILL_RUN)
+    assert final.wait(timeout=300) == 0, final.stderr.read()
+
+    reference = compose_config(tmp_path / "reference", *KILL_RUN)
+    run(reference)
+    lines = predictions.read_text().splitlines()
+    assert lines == (run_dir(reference) / rundir.PREDICTIONS).read_text().splitlines()
+    assert len({json.loads(line)["id"] for line in lines}) == len(lines) == 36
+    assert (out / rundir.METRICS).read_text() == (run_dir(reference) / rundir.METRICS).read_text()
+    record = rundir.read_json(out / rundir.RUN)
+    assert record["status"] == "complete" and record["sessions"] >= kills
+
+
+def test_a_second_process_on_a_running_directory_is_refused_with_the_holders_name(tmp_path):
+    cfg = with_shared_context(compose_config(tmp_path, "press=topk"))
+    out = run_dir(cfg)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from evaluate.rundir import locked\n"
+            "with locked(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(60)",
+            str(out),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(rundir.RunLocked, match=f"pid {holder.pid} on "):
+            run(cfg)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    # The killed holder's lock file is still there, but its flock died with it: the run takes over.
+    assert (out / rundir.LOCK).exists()
+    run(cfg)
+    assert rundir.read_json(out / rundir.RUN)["status"] == "complete"
+    assert str(os.getpid()) in (out / rundir.LOCK).read_text()
+
+
+def test_resuming_with_a_different_configuration_is_refused(tmp_path):
+    cfg = with_shared_context(compose_config(tmp_path, "press=topk", "limit=1"))
+    run(cfg)
+    record = rundir.read_yaml(run_dir(cfg) / rundir.CONFIG)
+    record["fingerprint"] = "0" * 64
+    rundir.write_yaml(run_dir(cfg) / rundir.CONFIG, record)
+    with pytest.raises(ConfigError, match="different configuration; pass overwrite=true"):
+        run(with_shared_context(compose_config(tmp_path, "press=topk", "limit=2")))
+    before = (run_dir(cfg) / rundir.PREDICTIONS).read_text()
+    assert len(before.splitlines()) == 2
+
+
+@pytest.mark.parametrize("fraction", ["0", "1.5", "-0.2"])
+def test_fraction_outside_unit_interval_is_refused(tmp_path, fraction):
+    with pytest.raises(ConfigError, match=r"outside \(0, 1\]"):
+        run(compose_config(tmp_path, f"fraction={fraction}"))
+
+
+def test_fraction_selects_the_same_random_share_as_pandas_sample():
+    samples = SharedContextBenchmark(contexts=10).load(None)
+    chosen = select_fraction(samples, 0.3, seed=42)
+    # Printed by pandas 3: sorted(DataFrame(range(30)).sample(frac=0.3, random_state=42).index).
+    assert [samples.index(sample) for sample in chosen] == [8, 9, 12, 15, 17, 23, 24, 27, 28]
+
+
+def test_empty_context_is_refused_naming_the_sample_but_an_empty_question_is_allowed():
+    sample = Sample(id="s-1", task="t", context="c", question="\n", answer_prefix="", answers=["a"], max_new_tokens=1)
+    assert check_samples([sample]) == [sample]
+    broken = Sample(**{**sample.__dict__, "context": "  \n", "id": "s-2"})
+    with pytest.raises(ConfigError, match="'s-2' has an empty context"):
+        check_samples([sample, broken])
+
+
+def test_duplicate_sample_ids_are_refused():
+    sample = Sample(id="s-1", task="t", context="c", question="q", answer_prefix="", answers=["a"], max_new_tokens=1)
+    with pytest.raises(ConfigError, match="appears twice"):
+        check_samples([sample, sample])
+
+
+@pytest.mark.parametrize("policy", ["head", "middle"])
+def test_long_contexts_are_truncated_by_the_recorded_policy(tmp_path, tiny_tokenizer, policy):
+    text = "".join(chr(ord("a") + i % 26) for i in range(300))
+    cut = truncate(tiny_tokenizer, text, 100, policy)
+    assert len(tiny_tokenizer.encode(cut, add_special_tokens=False)) == 100
+    assert cut == (text[:100] if policy == "head" else text[:50] + text[-50:])
+
+    cfg = with_shared_context(compose_config(tmp_path, "press=none", "max_context_length=200", f"truncation={policy}"))
+    run(cfg)
+    out = run_dir(cfg)
+    assert rundir.read_json(out / rundir.RUN)["truncated_samples"] == 6
+    assert rundir.read_yaml(out / rundir.CONFIG)["config"]["truncation"] == policy
+    rows = rundir.read_predictions(out / rundir.PREDICTIONS)
+    # 200 context tokens plus the chat template's user-turn prefix.
+    assert {row["context_length"] for row in rows} == {200 + len(tiny_tokenizer.encode("<|im_start|>user\n"))}
+
+
+def test_a_failing_context_is_recorded_scored_wrong_and_does_not_stop_the_run(tmp_path, monkeypatch):
+    from kvpress import KVPressTextGenerationPipeline
+
+    original = KVPressTextGenerationPipeline.__call__
+
+    def fail_on_document_1(self, context, **kwargs):
+        if "Document 1." in context:
+            raise RuntimeError("CUDA out of memory (simulated)")
+        return original(self, context, **kwargs)
+
+    monkeypatch.setattr(KVPressTextGenerationPipeline, "__call__", fail_on_document_1)
+    cfg = with_shared_context(compose_config(tmp_path, "press=topk", "limit=null"))
+    metrics = run(cfg)
+    out = run_dir(cfg)
+    rows = rundir.read_predictions(out / rundir.PREDICTIONS)
+    failed = [row for row in rows if row.get("error")]
+    assert [row["id"] for row in failed] == ["doc-1-0", "doc-1-1", "doc-1-2"]
+    assert all(row["prediction"] == "" and "out of memory" in row["error"] for row in failed)
+    assert len(rows) == 9
+    record = rundir.read_json(out / rundir.RUN)
+    assert (record["status"], record["errors"]) == ("complete_with_errors", 3)
+    assert metrics["n_errors"] == 3
+    assert metrics["tasks"]["niah_task0"]["n_errors"] == 2 and metrics["tasks"]["niah_task1"]["n_errors"] == 1
+
+    with pytest.raises(RuntimeError, match="simulated"):
+        run(with_shared_context(compose_config(tmp_path / "fast", "press=topk", "limit=null", "fail_fast=true")))
+
+    monkeypatch.undo()
+    metrics = run(with_shared_context(compose_config(tmp_path, "press=topk", "limit=null", "retry_errors=true")))
+    rows = rundir.read_predictions(out / rundir.PREDICTIONS)
+    assert len(rows) == 9 and not any(row.get("error") for row in rows)
+    assert rundir.read_json(out / rundir.RUN)["status"] == "complete"
+    assert "n_errors" not in metrics
+
+
+def test_undecodable_and_control_characters_round_trip_deterministically(tmp_path, monkeypatch):
+    weird = "caf\u00e9 \x00\x07 tab\t bell \udcff end"
+
+    class WeirdBenchmark(SharedContextBenchmark):
+        def load(self, tokenizer, limit=None):
+            return [
+                Sample(**{**sample.__dict__, "question": sample.question + weird, "answers": [weird]})
+                for sample in super().load(tokenizer, limit)
+            ]
+
+    monkeypatch.setattr("tests.support.SharedContextBenchmark", WeirdBenchmark)
+    cfg = with_shared_context(compose_config(tmp_path, "press=topk"))
+    run(cfg)
+    rows = rundir.read_predictions(run_dir(cfg) / rundir.PREDICTIONS)
+    # The lone surrogate (an undecodable byte) becomes U+FFFD; control characters are kept as they are.
+    assert {row["answers"][0] for row in rows} == {weird.replace("\udcff", "\ufffd")}
+    assert all(row["question"].endswith(weird.replace("\udcff", "\ufffd")) for row in rows)
+    first = (run_dir(cfg) / rundir.PREDICTIONS).read_bytes()
+    run(with_shared_context(compose_config(tmp_path, "press=topk", "overwrite=true")))
+    assert (run_dir(cfg) / rundir.PREDICTIONS).read_bytes() == first
+
+
+def test_a_scorer_that_needs_eager_attention_is_refused_under_sdpa(tmp_path, monkeypatch):
+    monkeypatch.setattr(TinyRandomModel, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+    with pytest.raises(ConfigError, match="use attn_implementation=eager"):
+        run(compose_config(tmp_path, "+scorer.needs_eager=true"))
+
+
+def test_an_architecture_kvpress_does_not_patch_is_warned_about(caplog):
+    from evaluate.runner import warn_if_unpatched
+
+    warn_if_unpatched(object())
+    assert "not an architecture kvpress patches" in caplog.text
