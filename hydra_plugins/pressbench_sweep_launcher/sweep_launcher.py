@@ -1,0 +1,71 @@
+"""``hydra/launcher=shared_prefill`` (the default): a sequential multirun as one sweep in this process.
+
+Hydra's basic launcher runs the jobs one after another, each on its own; this launcher composes every job's
+configuration first and hands them all to ``evaluate.sweep.run_sweep``, which loads each model once and
+prefills each context once for all the points that can share it.
+"""
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from hydra.core.config_store import ConfigStore
+from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, setup_globals
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, open_dict
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SharedPrefillLauncherConf:
+    _target_: str = "hydra_plugins.pressbench_sweep_launcher.sweep_launcher.SharedPrefillLauncher"
+
+
+ConfigStore.instance().store(
+    group="hydra/launcher", name="shared_prefill", node=SharedPrefillLauncherConf, provider="pressbench"
+)
+
+
+class SharedPrefillLauncher(Launcher):
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config = config
+        self.hydra_context = hydra_context
+        self.task_function = task_function
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from evaluate.sweep import run_sweep  # the harness, imported only when a sweep actually runs
+
+        setup_globals()
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
+        log.info(f"Launching {len(job_overrides)} jobs as one sweep (shared model loads and prefills)")
+        sweep_configs, task_configs = [], []
+        for index, overrides in enumerate(job_overrides):
+            log.info(f"\t#{initial_job_idx + index} : {' '.join(filter_overrides(overrides))}")
+            sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            with open_dict(sweep_config):
+                sweep_config.hydra.job.id = sweep_config.hydra.job.num = initial_job_idx + index
+            task_config = sweep_config.copy()
+            with open_dict(task_config):
+                del task_config["hydra"]
+            sweep_configs.append(sweep_config)
+            task_configs.append(task_config)
+        metrics = run_sweep(task_configs)
+        return [
+            JobReturn(
+                overrides=list(overrides),
+                cfg=task_config,
+                hydra_cfg=sweep_config,
+                working_dir=os.getcwd(),
+                task_name=sweep_config.hydra.job.name,
+                status=JobStatus.COMPLETED,
+                _return_value=result["score"],
+            )
+            for overrides, task_config, sweep_config, result in zip(
+                job_overrides, task_configs, sweep_configs, metrics, strict=True
+            )
+        ]

@@ -1,0 +1,106 @@
+"""One model load and one prefill per context for a whole sweep: equal, point by point, to separate runs."""
+
+import pytest
+import torch
+from hydra.utils import instantiate
+from transformers import DynamicCache
+
+from evaluate import rundir, runner
+from evaluate.config import run_dir
+from evaluate.models import TinyRandomModel
+from evaluate.runner import run
+from evaluate.sweep import PrefillCapture, compressed_cache, run_sweep, shares_prefill
+from tests.support import compose_config, with_shared_context
+
+PRESSES = ("topk", "chunkkv", "eg_chunkkv", "adakv")
+
+POINTS = [
+    ("press=none", "cr=0"),
+    *((f"press={press}", f"scorer={scorer}", "cr=0.6") for press in PRESSES for scorer in ("snapkv", "dropkv")),
+    ("press=topk", "scorer=knorm", "cr=0.3"),
+    ("press=adakv", "scorer=knorm", "cr=0.9"),
+]
+
+
+def configs(output_dir, *extra):
+    return [with_shared_context(compose_config(output_dir, *point, "limit=null", *extra)) for point in POINTS]
+
+
+@pytest.mark.parametrize(("query_aware", "points"), [("false", slice(None)), ("true", slice(0, 4))])
+def test_every_sweep_point_equals_a_separate_run(tmp_path, query_aware, points):
+    swept = configs(tmp_path / "sweep", f"query_aware={query_aware}")[points]
+    sweep_metrics = run_sweep(swept)
+    separate_configs = configs(tmp_path / "separate", f"query_aware={query_aware}")[points]
+    for cfg, metrics in zip(separate_configs, sweep_metrics, strict=True):
+        assert run(cfg) == metrics
+        separate = (run_dir(cfg) / rundir.PREDICTIONS).read_text()
+        shared = (run_dir(swept[0]).parent / run_dir(cfg).name / rundir.PREDICTIONS).read_text()
+        assert shared == separate, run_dir(cfg).name
+        assert len(shared.splitlines()) == 9
+
+
+def test_rebuilt_caches_keep_exactly_the_indices_a_hooked_prefill_keeps(tmp_path):
+    model = TinyRandomModel().load_model("cpu", "float32", "sdpa")
+    layers = model.model.layers
+    for layer in layers:
+        layer.self_attn.rotary_emb = model.model.rotary_emb
+    input_ids = torch.randint(0, 256, (1, 300), generator=torch.Generator().manual_seed(0))
+    capture = PrefillCapture(layers)
+    with torch.no_grad(), capture:
+        model.model(input_ids=input_ids, past_key_values=DynamicCache())
+    for point in POINTS[1:]:
+        press = instantiate(compose_config(tmp_path, *point).press.press)
+        reference = DynamicCache()
+        with torch.no_grad(), press(model):
+            model.model(input_ids=input_ids, past_key_values=reference)
+        reference_masks = [layer.self_attn.masked_key_indices for layer in layers]
+        with torch.no_grad():
+            rebuilt = compressed_cache(press, layers, capture.captured)
+        for layer, expected, got, mask in zip(layers, reference.layers, rebuilt.layers, reference_masks, strict=True):
+            assert torch.equal(expected.keys, got.keys) and torch.equal(expected.values, got.values), point
+            if mask is None:
+                assert layer.self_attn.masked_key_indices is None
+            else:
+                assert all(torch.equal(a, b) for a, b in zip(mask, layer.self_attn.masked_key_indices, strict=True))
+
+
+def test_a_sweep_loads_each_model_once(tmp_path, monkeypatch):
+    loads = []
+    original = TinyRandomModel.load_model
+
+    def counting(self, *args):
+        loads.append(self)
+        return original(self, *args)
+
+    monkeypatch.setattr(TinyRandomModel, "load_model", counting)
+    monkeypatch.setattr(runner, "_loaded", {})
+    run_sweep(configs(tmp_path)[:5])
+    assert len(loads) == 1
+    # A sequential Hydra multirun calls run() once per job in one process: the model is reused there too.
+    for cfg in configs(tmp_path / "jobs")[:3]:
+        run(cfg)
+    assert len(loads) == 1
+
+
+def test_points_that_cannot_share_take_the_pipeline_path(tmp_path):
+    eager = with_shared_context(compose_config(tmp_path, "press=topk", "attn_implementation=eager", "limit=null"))
+    shared = with_shared_context(compose_config(tmp_path, "press=topk"))
+    assert not shares_prefill(runner.Point(eager)) and shares_prefill(runner.Point(shared))
+    metrics = run_sweep(
+        [
+            eager,
+            with_shared_context(compose_config(tmp_path, "scorer=knorm", "attn_implementation=eager", "limit=null")),
+        ]
+    )
+    assert all(sum(task["n"] for task in m["tasks"].values()) == 9 for m in metrics)
+
+
+def test_a_sweep_resumes_each_point_where_it_stopped(tmp_path):
+    first = configs(tmp_path)[:4]
+    run(first[1])
+    partial = run_dir(first[2]) / rundir.PREDICTIONS
+    run(with_shared_context(compose_config(tmp_path, *POINTS[2], "limit=1")))
+    assert len(partial.read_text().splitlines()) == 2
+    run_sweep(first)
+    for cfg in first:
+        assert len(rundir.read_predictions(run_dir(cfg) / rundir.PREDICTIONS)) == 9
