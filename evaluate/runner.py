@@ -37,6 +37,7 @@ from evaluate.config import (
 )
 from evaluate.score import score_rows
 from evaluate.tables import format_task_table
+from evaluate.tracking import Tracker
 
 logger = logging.getLogger(__name__)
 
@@ -295,6 +296,7 @@ class Point:
     def open(self, tokenizer, started: float) -> None:
         """Resume the run directory (the caller holds its lock) and work out which samples remain."""
         cfg = self.cfg
+        self.tracker = Tracker()
         run_fingerprint = fingerprint(cfg)
         _prepare_directory(self.out, cfg, run_fingerprint)
         samples = select_fraction(check_samples(self.benchmark.load(tokenizer, cfg.limit)), cfg.fraction, cfg.seed)
@@ -320,6 +322,7 @@ class Point:
         self.stats = RunStats.resume(rundir.read_json(self.out / rundir.RUN))
         self.session_start = self.stats.wall_seconds
         self._write_run("running")
+        self.tracker = Tracker.from_config(cfg, self.out.name)
 
     def max_context(self, model) -> int:
         """The context budget in tokens; counts and reports the samples that exceed it."""
@@ -375,6 +378,15 @@ class Point:
         self.stats.wall_seconds = self.session_start + time.perf_counter() - self.started
         self.done_ids.update(sample.id for sample in group)
         self._write_run("running")
+        self.tracker.log_progress(
+            len(self.done_ids),
+            len(self.samples),
+            wall_seconds=self.stats.wall_seconds,
+            prefill_seconds=self.stats.prefill_seconds,
+            decode_seconds=self.stats.decode_seconds,
+            kept_ratio=kept_ratio,
+            errors=self.n_errors,
+        )
 
     def fail(self, group: list[Sample], failure: Exception) -> tuple[list[str], None, None, str]:
         """Answers for a context that raised: empty and marked, unless the run must stop at the first error."""
@@ -390,6 +402,7 @@ class Point:
     def interrupted(self) -> None:
         if self.todo:
             self._write_run("interrupted")
+            self.tracker.finish(exit_code=1)
 
     def close(self) -> dict:
         if self.todo:
@@ -399,7 +412,12 @@ class Point:
                     "%d samples failed; they count as wrong answers (see the error field in predictions)",
                     self.n_errors,
                 )
-        return _finish(self.out, self.benchmark)
+        metrics = _finish(self.out, self.benchmark)
+        if self.todo:
+            rows = rundir.read_predictions(self.predictions)
+            self.tracker.log_metrics(metrics, rows, self.benchmark, rundir.read_json(self.out / rundir.RUN))
+        self.tracker.finish()
+        return metrics
 
     def _write_run(self, status: str) -> None:
         record = {

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, setup_globals
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
@@ -54,6 +55,9 @@ class SharedPrefillLauncher(Launcher):
                 del task_config["hydra"]
             sweep_configs.append(sweep_config)
             task_configs.append(task_config)
+        if sweep_configs:
+            # Jobs read the sweep's Hydra settings (e.g. the wandb group is the sweep folder) as they would per job.
+            HydraConfig.instance().set_config(sweep_configs[0])
         metrics = run_sweep(task_configs)
         return [
             JobReturn(

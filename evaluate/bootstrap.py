@@ -1,0 +1,284 @@
+"""Bootstrap 95% intervals for a run's headline score, and for the difference between two runs.
+
+The headline is whatever the benchmark's ``score(rows)["score"]`` returns; this module never assumes a metric.
+It resamples within each task (the headline is a mean over tasks, so every resample keeps every task), and
+it resamples contexts rather than rows: questions that share a context are not independent.
+
+Two paths compute the resampled headlines:
+
+- **Decomposed (fast, the usual case).** Each row's score is the benchmark's own: ``benchmark.score([row])`` on
+  the row alone, so every protocol and extra field (``all_classes``) is honoured. The tasks that count towards
+  the headline are those whose rows alone give a headline (LOOGLE's cloze task gives none). The decomposition
+  is used only after checking that it gives back every task score and the headline of ``benchmark.score(rows)``
+  (headline = unweighted mean of those tasks' means) to within rounding; resampling is then vectorised.
+- **Generic (slow).** Otherwise ``benchmark.score`` is called on every resampled row set.
+"""
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from tqdm.auto import tqdm
+
+# Scores of single rows and of tasks are both rounded to 2 decimals, so a decomposition is accepted within that.
+_TOLERANCE = 0.02
+# Bounds the index matrix drawn at once: resamples x clusters.
+_MAX_DRAW = 4_000_000
+
+
+class NoInterval(ValueError):
+    """A run (or pair) whose samples cannot give an interval; the message says why."""
+
+
+def _require_spread(task_clusters: dict[str, Sequence]) -> int:
+    """The fewest contexts of any task. Resampling one context always draws that context: the interval would
+    have zero width whatever the noise, so that is refused."""
+    single = sorted(task for task, ids in task_clusters.items() if len(ids) < 2)
+    if single:
+        shown = ", ".join(single[:3]) + (", ..." if len(single) > 3 else "")
+        raise NoInterval(f"no interval: {shown} {'has' if len(single) == 1 else 'have'} a single context")
+    return min(len(ids) for ids in task_clusters.values())
+
+
+@dataclass(frozen=True)
+class Interval:
+    low: float
+    high: float
+    resamples: int
+    decomposed: bool  # True when the vectorised per-sample path was verified and used
+    contexts: int  # the fewest contexts resampled in any task; a handful gives too narrow an interval
+
+
+@dataclass
+class _Task:
+    """One task's clusters (contexts): per-cluster sums of sample scores and sizes."""
+
+    cluster_ids: list[str]
+    sums: np.ndarray
+    sizes: np.ndarray
+
+
+def _clusters(rows: Sequence[dict]) -> dict[str, dict[str, list[int]]]:
+    """task -> cluster id -> row indices. A row without ``context_id`` is its own cluster."""
+    tasks: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for index, row in enumerate(rows):
+        cluster = row.get("context_id") or f"row-{row.get('id', index)}"
+        tasks[row["task"]][cluster].append(index)
+    return tasks
+
+
+def _metrics_or_none(benchmark, rows: Sequence[dict]) -> dict | None:
+    """The benchmark's metrics when they have a finite headline, else None."""
+    try:
+        metrics = benchmark.score(list(rows))
+    except Exception:  # a benchmark may refuse a row set that lacks its headline tasks
+        return None
+    value = metrics.get("score")
+    if value is None or not math.isfinite(float(value)):
+        return None
+    return metrics
+
+
+def _score_or_none(benchmark, rows: Sequence[dict]) -> float | None:
+    metrics = _metrics_or_none(benchmark, rows)
+    return None if metrics is None else float(metrics["score"])
+
+
+def sample_scores(benchmark, rows: Sequence[dict]) -> list[float]:
+    """Each row's score on its task's scale, from ``benchmark.score`` on the row alone."""
+    return [float(benchmark.score([row])["tasks"][row["task"]]["score"]) for row in rows]
+
+
+class Decomposition:
+    """A run's rows as per-task clusters of per-sample scores, verified against ``benchmark.score``."""
+
+    def __init__(self, benchmark, rows: Sequence[dict]):
+        self.rows = list(rows)
+        metrics = _metrics_or_none(benchmark, self.rows) if self.rows else None
+        self.headline = None if metrics is None else float(metrics["score"])
+        self.tasks: dict[str, _Task] = {}
+        self.decomposed = False
+        if metrics is None:
+            return
+        grouped = _clusters(self.rows)
+        for task, clusters in grouped.items():
+            members = [self.rows[i] for indices in clusters.values() for i in indices]
+            if _score_or_none(benchmark, members) is None:
+                continue  # this task alone gives no headline, so it does not count towards it
+            ids = sorted(clusters)
+            ordered = [i for c in ids for i in clusters[c]]
+            values = dict(zip(ordered, sample_scores(benchmark, [self.rows[i] for i in ordered]), strict=True))
+            self.tasks[task] = _Task(
+                cluster_ids=ids,
+                sums=np.array([sum(values[i] for i in clusters[c]) for c in ids]),
+                sizes=np.array([len(clusters[c]) for c in ids], dtype=float),
+            )
+        if not self.tasks:
+            return
+        means = {task: t.sums.sum() / t.sizes.sum() for task, t in self.tasks.items()}
+        reported = metrics["tasks"]
+        self.decomposed = all(abs(means[task] - float(reported[task]["score"])) <= _TOLERANCE for task in means) and (
+            abs(sum(means.values()) / len(means) - self.headline) <= _TOLERANCE
+        )
+
+    def restricted(self, task_clusters: dict[str, list[str]]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Per task, the (sums, sizes) of the given clusters, in the given order."""
+        out = {}
+        for task, ids in task_clusters.items():
+            t = self.tasks[task]
+            position = {c: i for i, c in enumerate(t.cluster_ids)}
+            order = [position[c] for c in ids]
+            out[task] = (t.sums[order], t.sizes[order])
+        return out
+
+
+def _draw(rng: np.random.Generator, n_clusters: int, resamples: int) -> list[np.ndarray]:
+    """Index matrices (resamples x n_clusters) in chunks that bound memory."""
+    per_chunk = max(1, _MAX_DRAW // max(1, n_clusters))
+    chunks, left = [], resamples
+    while left > 0:
+        size = min(per_chunk, left)
+        chunks.append(rng.integers(0, n_clusters, size=(size, n_clusters)))
+        left -= size
+    return chunks
+
+
+def _resampled_task_means(
+    per_task: list[tuple[tuple[np.ndarray, np.ndarray], ...]], rng: np.random.Generator, resamples: int
+) -> list[np.ndarray]:
+    """For each of k aligned runs, the mean over tasks of resampled task means (same draws for every run)."""
+    k = len(per_task[0])
+    totals = [np.zeros(resamples) for _ in range(k)]
+    for runs in per_task:
+        n_clusters = len(runs[0][0])
+        start = 0
+        for indices in _draw(rng, n_clusters, resamples):
+            stop = start + len(indices)
+            for j, (sums, sizes) in enumerate(runs):
+                totals[j][start:stop] += sums[indices].sum(axis=1) / sizes[indices].sum(axis=1)
+            start = stop
+    return [total / len(per_task) for total in totals]
+
+
+def _percentiles(values: np.ndarray, level: float) -> tuple[float, float]:
+    tail = 100 * (1 - level) / 2
+    low, high = np.percentile(values, [tail, 100 - tail])
+    return round(float(low), 2), round(float(high), 2)
+
+
+def _slow_resamples(
+    benchmarks: Sequence, row_sets: Sequence[Sequence[dict]], task_clusters, rng, resamples: int, desc: str
+) -> list[np.ndarray]:
+    """Resampled headlines by calling each benchmark's ``score`` on resampled rows (same draws for each run)."""
+    members = [_clusters(rows) for rows in row_sets]
+    out = [np.empty(resamples) for _ in row_sets]
+    for b in tqdm(range(resamples), desc=desc, unit="resample", leave=False, dynamic_ncols=True):
+        picked: list[list[dict]] = [[] for _ in row_sets]
+        for task, ids in task_clusters.items():
+            for index in rng.integers(0, len(ids), size=len(ids)):
+                cluster = ids[index]
+                for j, rows in enumerate(row_sets):
+                    picked[j].extend(rows[i] for i in members[j][task][cluster])
+        for j, benchmark in enumerate(benchmarks):
+            value = _score_or_none(benchmark, picked[j])
+            out[j][b] = np.nan if value is None else value
+    # A resample that lost a headline task has no headline; it is dropped for every run alike.
+    keep = np.logical_and.reduce([~np.isnan(values) for values in out])
+    return [values[keep] for values in out]
+
+
+def headline_interval(
+    benchmark, rows: Sequence[dict], resamples: int = 1000, seed: int = 0, level: float = 0.95
+) -> Interval | None:
+    """Bootstrap interval of ``benchmark.score(rows)["score"]``; None when there is no headline to resample.
+
+    Raises NoInterval when a task has a single context.
+    """
+    if resamples <= 0 or not rows:
+        return None
+    rng = np.random.default_rng(seed)
+    decomposition = Decomposition(benchmark, rows)
+    if decomposition.headline is None:
+        return None
+    if decomposition.decomposed:
+        contexts = _require_spread({task: t.cluster_ids for task, t in decomposition.tasks.items()})
+        per_task = [((t.sums, t.sizes),) for t in decomposition.tasks.values()]
+        (values,) = _resampled_task_means(per_task, rng, resamples)
+        return Interval(*_percentiles(values, level), resamples=resamples, decomposed=True, contexts=contexts)
+    task_clusters = {task: sorted(clusters) for task, clusters in _clusters(rows).items()}
+    contexts = _require_spread(task_clusters)
+    (values,) = _slow_resamples([benchmark], [rows], task_clusters, rng, resamples, "bootstrap")
+    if len(values) == 0:
+        return None
+    return Interval(*_percentiles(values, level), resamples=len(values), decomposed=False, contexts=contexts)
+
+
+@dataclass(frozen=True)
+class PairedInterval(Interval):
+    shared_samples: int
+    same_samples: bool  # both runs hold exactly the shared samples
+
+
+def difference_interval(
+    benchmark_a,
+    rows_a: Sequence[dict],
+    benchmark_b,
+    rows_b: Sequence[dict],
+    resamples: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> PairedInterval | None:
+    """Paired bootstrap interval of headline(a) - headline(b) over the samples both runs answered.
+
+    Both runs are resampled with the same draws of contexts, so the noise they share (which samples are
+    easy) cancels and the interval measures the difference itself.
+    """
+    if resamples <= 0:
+        return None
+    ids_a = {(row["task"], row["id"]) for row in rows_a}
+    ids_b = {(row["task"], row["id"]) for row in rows_b}
+    shared = ids_a & ids_b
+    if not shared:
+        return None
+    shared_a = [row for row in rows_a if (row["task"], row["id"]) in shared]
+    shared_b = [row for row in rows_b if (row["task"], row["id"]) in shared]
+    clusters_a, clusters_b = _clusters(shared_a), _clusters(shared_b)
+    task_clusters = {
+        task: sorted(set(clusters_a[task]) & set(clusters_b.get(task, {}))) for task in clusters_a if task in clusters_b
+    }
+    task_clusters = {task: ids for task, ids in task_clusters.items() if ids}
+    contexts = _require_spread(task_clusters)
+    rng = np.random.default_rng(seed)
+    first, second = Decomposition(benchmark_a, shared_a), Decomposition(benchmark_b, shared_b)
+    same = ids_a == ids_b
+    if first.headline is None or second.headline is None:
+        return None
+    if first.decomposed and second.decomposed and set(first.tasks) == set(second.tasks):
+        wanted = {task: task_clusters[task] for task in first.tasks if task in task_clusters}
+        if len(wanted) == len(first.tasks):
+            a, b = first.restricted(wanted), second.restricted(wanted)
+            per_task = [(a[task], b[task]) for task in wanted]
+            values_a, values_b = _resampled_task_means(per_task, rng, resamples)
+            return PairedInterval(
+                *_percentiles(values_a - values_b, level),
+                resamples=resamples,
+                decomposed=True,
+                contexts=contexts,
+                shared_samples=len(shared),
+                same_samples=same,
+            )
+    values_a, values_b = _slow_resamples(
+        [benchmark_a, benchmark_b], [shared_a, shared_b], task_clusters, rng, resamples, "paired bootstrap"
+    )
+    if len(values_a) == 0:
+        return None
+    return PairedInterval(
+        *_percentiles(values_a - values_b, level),
+        resamples=len(values_a),
+        decomposed=False,
+        contexts=contexts,
+        shared_samples=len(shared),
+        same_samples=same,
+    )

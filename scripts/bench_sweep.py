@@ -1,0 +1,105 @@
+"""Time a small sweep two ways, in one run on one machine, and check both give the same predictions.
+
+1. The harness: one ``python -m evaluate -m ...`` multirun; the default launcher loads the model once and
+   prefills each context once for every sweep point (evaluate/sweep.py).
+2. The way kvpress's evaluation runs a sweep: one process per point, each loading the model and running the
+   pipeline context by context (``python -m evaluate`` for that single point).
+
+    python scripts/bench_sweep.py                                   # SmolLM2, chunkkv/eg_chunkkv x cr 0.5/0.7/0.9
+    python scripts/bench_sweep.py --model tiny_random --max-seq-length 1024   # a quick check of the script itself
+
+Prints wall time, samples/s, peak resident memory, the speed-up and whether every point's predictions are
+byte-identical, and writes the same table to results/bench/sweep_{device}.md.
+"""
+
+import argparse
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def timed(command: list[str]) -> tuple[float, float]:
+    """Wall seconds of a child process and its peak resident memory in MiB."""
+    start = time.perf_counter()
+    subprocess.run(command, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+    wall = time.perf_counter() - start
+    # RUSAGE_CHILDREN reports the largest peak among the children waited for so far, in KiB on Linux.
+    return wall, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2_135m")
+    parser.add_argument("--presses", default="chunkkv,eg_chunkkv")
+    parser.add_argument("--crs", default="0.5,0.7,0.9")
+    parser.add_argument("--tasks", default="niah_single_1,niah_multikey_2", help="ruler_synth tasks")
+    parser.add_argument("--limit", type=int, default=4, help="contexts per task")
+    parser.add_argument("--max-seq-length", type=int, default=4096)
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args()
+
+    common = [
+        f"model={args.model}",
+        "benchmark=ruler_synth",
+        f"benchmark.tasks=[{args.tasks}]",
+        f"benchmark.max_seq_length={args.max_seq_length}",
+        f"limit={args.limit}",
+        f"device={args.device}",
+    ]
+    points = [(press, cr) for press in args.presses.split(",") for cr in args.crs.split(",")]
+    n_samples = len(points) * args.limit * len(args.tasks.split(","))
+    python = [sys.executable, "-m", "evaluate"]
+    with tempfile.TemporaryDirectory() as scratch:
+        shared_dir, separate_dir = Path(scratch) / "shared", Path(scratch) / "separate"
+        print(f"{len(points)} points x {n_samples // len(points)} samples on {args.model} ({args.device})")
+        # Dequantize/cache the model and warm the file cache once, outside both timings.
+        subprocess.run([*python, *common, "limit=1", "press=none", f"output_dir={scratch}/warm"], cwd=REPO, check=True)
+
+        shared_wall, shared_peak = timed(
+            [*python, "-m", *common, f"press={args.presses}", f"cr={args.crs}", f"output_dir={shared_dir}"]
+        )
+        print(f"shared prefill: {shared_wall:.1f} s")
+        separate_wall, separate_peak = 0.0, 0.0
+        for press, cr in points:
+            wall, peak = timed([*python, *common, f"press={press}", f"cr={cr}", f"output_dir={separate_dir}"])
+            separate_wall += wall
+            separate_peak = max(separate_peak, peak)
+            print(f"  separate {press} cr={cr}: {wall:.1f} s")
+
+        runs = sorted(path.name for path in separate_dir.iterdir() if (path / "predictions.jsonl").exists())
+        identical = all(
+            (shared_dir / name / "predictions.jsonl").read_bytes()
+            == (separate_dir / name / "predictions.jsonl").read_bytes()
+            for name in runs
+        ) and len(runs) == len(points)
+
+    rows = [
+        ("harness (shared prefill, one model load)", shared_wall, shared_peak),
+        ("one process per point (kvpress evaluation)", separate_wall, separate_peak),
+    ]
+    lines = [
+        f"Sweep: {args.model}, presses {args.presses} x cr {args.crs}, ruler_synth {args.tasks} x {args.limit}, "
+        f"max_seq_length {args.max_seq_length}, {args.device}; {n_samples} samples in all.",
+        "",
+        "| way | wall s | samples/s | peak RSS MiB |",
+        "|---|---:|---:|---:|",
+        *(f"| {name} | {wall:.1f} | {n_samples / wall:.3f} | {peak:.0f} |" for name, wall, peak in rows),
+        "",
+        f"Speed-up: {separate_wall / shared_wall:.2f}x. Predictions identical for every point: {identical}.",
+        "Peak RSS of the one-process-per-point way is the largest single process.",
+    ]
+    report = "\n".join(lines)
+    print(report)
+    out = REPO / "results" / "bench" / f"sweep_{args.device}.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(report + "\n")
+    print(f"written to {out}")
+
+
+if __name__ == "__main__":
+    main()

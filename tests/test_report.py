@@ -1,0 +1,343 @@
+"""Tables, intervals, comparisons and plots from hand-written finished runs (tests/fixtures/runs/builder.py).
+
+Every sample scores 1 or 0, so a task scores 100 x (correct / samples) and a run the mean over tasks.
+"""
+
+import csv
+import io
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from evaluate.benchmarks.ruler import Ruler
+from evaluate.bootstrap import Decomposition, difference_interval, headline_interval
+from evaluate.report import RULER_TASKS, build_report, collect_runs, diff_table, load_references, main
+from tests.fixtures.runs.builder import LLAMA, ruler_benchmark, uniform, write_run
+
+# eg_chunkkv_snapkv at cr 0.9: the first six tasks all right, the other seven half right.
+EG_AT_90 = {task: [True, True] if i < 6 else [True, False] for i, task in enumerate(RULER_TASKS)}
+
+
+@pytest.fixture
+def runs_dir(tmp_path):
+    root = tmp_path / "runs"
+    write_run(root, uniform([True, True]), method="no_press")
+    write_run(root, uniform([True, True]), method="chunkkv_snapkv", cr=0.85)
+    write_run(root, uniform([True, False]), method="chunkkv_snapkv", cr=0.9)
+    write_run(root, uniform([True, True]), method="eg_chunkkv_snapkv", cr=0.85)
+    write_run(root, EG_AT_90, method="eg_chunkkv_snapkv", cr=0.9)
+    write_run(root, uniform([True, False, True]), method="snapkv", cr=0.9, limit=3)
+    write_run(root, uniform([True]), method="snapkv", cr=0.5, status="running")
+    return root
+
+
+def report_of(runs_dir, **kwargs):
+    runs, skipped = collect_runs(runs_dir)
+    return build_report(runs, skipped, **kwargs)
+
+
+def read_csv(text: str) -> list[dict]:
+    return list(csv.DictReader(io.StringIO(text)))
+
+
+def test_headline_table_has_the_pr_layout_with_hand_computed_scores(runs_dir):
+    report = report_of(runs_dir, resamples=0)
+    (table,) = report.headline
+    assert table.markdown.splitlines() == [
+        "| benchmark | method | cr=0.85 | cr=0.90 |",
+        "|---|---|---|---|",
+        "| ruler | no compression | 100.00 n=26 | 100.00 n=26 |",
+        "| ruler | chunkkv_snapkv | 100.00 n=26 | 50.00 n=26 |",
+        # (6 x 100 + 7 x 50) / 13 = 73.08
+        "| ruler | eg_chunkkv_snapkv | 100.00 n=26 | 73.08 n=26 |",
+        # 2 of 3 right in every task; limit=3 makes it partial
+        "| ruler | snapkv |  | 66.67 n=39* |",
+    ]
+    assert "limit=3 samples per task (1 of 6 runs)" in table.page()
+    rows = {row["method"]: row for row in read_csv(table.csv)}
+    assert rows["eg_chunkkv_snapkv"]["cr=0.90"] == "73.08"
+    assert rows["snapkv"]["cr=0.90 n"] == "39" and rows["snapkv"]["cr=0.90 partial"] == "True"
+    assert rows["snapkv"]["cr=0.85"] == ""
+    assert [path.name for path, _ in report.skipped] == [p.name for p in runs_dir.glob("*snapkv__cr0.50*")]
+
+
+def test_partial_reasons_name_limit_missing_tasks_and_local_data(tmp_path):
+    root = tmp_path / "runs"
+    write_run(root, {task: [True] for task in RULER_TASKS[:12]}, method="knorm", cr=0.5)
+    write_run(root, uniform([True]), method="knorm", cr=0.25, benchmark=ruler_benchmark(path="/data/ruler"))
+    write_run(root, uniform([True]), method="knorm", cr=0.75)
+    runs, _ = collect_runs(root)
+    reasons = {run.compression_ratio: run.partial_reasons for run in runs}
+    assert reasons[0.5] == ["12 of 13 tasks (missing qa_2)"]
+    assert reasons[0.25] == ["local data benchmark.path=/data/ruler, not the hub dataset simonjegou/ruler"]
+    assert reasons[0.75] == []
+
+
+def test_per_task_table_lists_every_task_with_its_n_then_the_headline(runs_dir):
+    report = report_of(runs_dir, resamples=0)
+    (table,) = report.tasks
+    section = table.markdown.split("#### cr=0.90")[1]
+    lines = section.strip().splitlines()
+    assert lines[0] == "| task | no compression | chunkkv_snapkv | eg_chunkkv_snapkv | snapkv |"
+    assert "| cwe | 100.00 n=2 | 50.00 n=2 | 50.00 n=2 | 66.67 n=3* |" in lines
+    assert "| niah_single_1 | 100.00 n=2 | 50.00 n=2 | 100.00 n=2 | 66.67 n=3* |" in lines
+    assert lines[-1] == "| **score** | 100.00 | 50.00 | 73.08 | 66.67 |"
+    rows = read_csv(table.csv)
+    assert len(rows) == 13 * 6  # every task of every finished run
+    (vt,) = [
+        row
+        for row in rows
+        if row["method"] == "eg_chunkkv_snapkv" and row["task"] == "vt" and row["compression_ratio"] == "0.9"
+    ]
+    assert (vt["score"], vt["n"], vt["partial"]) == ("50.0", "2", "False")
+
+
+def test_gate_effect_is_eg_minus_chunkkv_with_a_paired_interval(runs_dir):
+    report = report_of(runs_dir, resamples=500)
+    (gate,) = report.differences
+    body = gate.markdown.splitlines()
+    assert body[0] == "| benchmark | inner scorer | cr=0.85 | cr=0.90 |"
+    # Identical runs at 0.85: the difference and its whole interval are 0.
+    assert body[2].startswith("| ruler | snapkv | +0.00 [+0.00, +0.00] n=26 | +23.08 [")
+    (row_90,) = [row for row in read_csv(gate.csv) if row["compression_ratio"] == "0.9"]
+    assert row_90["delta"] == "23.08"
+    # EG is right wherever ChunkKV is, so no resample can favour ChunkKV; the gain is 6 of 13 tasks at most.
+    assert 0 < float(row_90["ci_low"]) <= 23.08 <= float(row_90["ci_high"]) <= 600 / 13
+    # Two contexts per task are too few for the bootstrap to show all the noise, and the table says so.
+    assert any("resample only 2 contexts per task" in note for note in gate.notes)
+
+
+def test_diff_pairs_any_two_methods_and_no_press_at_every_ratio(runs_dir):
+    runs, _ = collect_runs(runs_dir)
+    table = diff_table(runs, "eg_chunkkv_snapkv", "no_press", resamples=0)
+    assert table.markdown.splitlines()[2] == "| ruler | all | +0.00 | -26.92 |"
+    with pytest.raises(Exception, match="no finished run of method 'dropkv'"):
+        diff_table(runs, "dropkv", "no_press", resamples=0)
+
+
+def test_runs_of_one_method_that_differ_in_a_setting_get_their_own_rows(tmp_path):
+    root = tmp_path / "runs"
+    write_run(root, uniform([True, True]), method="snapkv", cr=0.5, seed=1)
+    write_run(root, uniform([True, False]), method="snapkv", cr=0.5, seed=2)
+    report = report_of(root, resamples=0)
+    lines = report.headline[0].markdown.splitlines()
+    assert lines[2:] == ["| ruler | snapkv [seed=1] | 100.00 n=26 |", "| ruler | snapkv [seed=2] | 50.00 n=26 |"]
+
+
+def test_compare_puts_measured_published_and_delta_side_by_side(runs_dir, tmp_path):
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    (reference / "scores.csv").write_text(
+        "benchmark,benchmark_settings,model,method,query_aware,compression_ratio,score,source\n"
+        f"ruler,data_dir=4096,{LLAMA},eg_chunkkv_snapkv,false,0.90,36.45,PR\n"
+        f"ruler,data_dir=4096,{LLAMA},eg_chunkkv_snapkv,true,0.90,50.00,query-aware: no such run\n"
+        f"ruler,data_dir=8192,{LLAMA},eg_chunkkv_snapkv,false,0.90,20.00,other data: no such run\n"
+        "ruler,data_dir=4096,Qwen/Qwen3-8B,no_press,false,0.0,95.3,other model: no such run\n"
+        # a local copy of the weights keeps the repo name
+        "ruler,,/models/Llama-3.1-8B-Instruct,no_press,false,0.0,95.7,leaderboard\n"
+    )
+    (reference / "deltas.csv").write_text(
+        "benchmark,benchmark_settings,model,method_a,method_b,query_aware,compression_ratio,delta,source\n"
+        f"ruler,data_dir=4096,{LLAMA},eg_chunkkv_snapkv,chunkkv_snapkv,false,0.90,4.85,PR comment\n"
+    )
+    report = report_of(runs_dir, resamples=0, reference_dir=reference)
+    scores, deltas = report.comparisons
+    assert scores.markdown.splitlines()[2:] == [
+        f"| ruler | {LLAMA} | eg_chunkkv_snapkv | false | 0.9 | 73.08 n=26 | 36.45 | +36.63 | PR |",
+        "| ruler | /models/Llama-3.1-8B-Instruct | no compression | false | 0 | 100.00 n=26 | 95.70 | +4.30 "
+        "| leaderboard |",
+    ]
+    assert deltas.markdown.splitlines()[2] == (
+        f"| ruler | {LLAMA} | eg_chunkkv_snapkv − chunkkv_snapkv | false | 0.9 | +23.08 | +4.85 | +18.23 | PR comment |"
+    )
+    assert report.unmatched_references == 3
+    assert "3 published figures have no matching run." in report.page(runs_dir, 0)
+
+
+def test_the_committed_reference_numbers_load_with_their_sources():
+    references = load_references(Path(__file__).parent.parent / "results" / "reference")
+    assert all(reference.source for reference in references)
+    eg = [r for r in references if r.method == "eg_chunkkv_snapkv" and r.benchmark == "ruler" and not r.method_b]
+    assert {(r.compression_ratio, r.value) for r in eg} == {(0.85, 46.12), (0.9, 36.45), (0.95, 21.99)}
+    assert all(r.settings == (("data_dir", "4096"),) for r in eg)
+    swap = [r for r in references if r.method_b == "chunkkv_tova"]
+    assert {(r.compression_ratio, r.value) for r in swap} == {(0.85, -1.57), (0.9, 3.94), (0.95, 1.76)}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Bootstrap
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def ruler_rows(outcomes: dict[str, list[bool]], context_of=None) -> list[dict]:
+    rows = []
+    for task, results in outcomes.items():
+        for i, correct in enumerate(results):
+            rows.append(
+                {
+                    "id": f"{task}-{i}",
+                    "task": task,
+                    "context_id": context_of(task, i) if context_of else f"{task}-{i}",
+                    "answers": ["needle"],
+                    "prediction": "the needle" if correct else "nothing",
+                }
+            )
+    return rows
+
+
+def brute_force_interval(benchmark, rows, resamples, seed, tasks):
+    """Resample contexts within each task with the decomposed path's draws, and score each resample with
+    ``benchmark.score`` itself."""
+    rng = np.random.default_rng(seed)
+    clusters = {}
+    for row in rows:
+        clusters.setdefault(row["task"], {}).setdefault(row["context_id"], []).append(row)
+    draws = {}
+    for task in tasks:
+        ids = sorted(clusters[task])
+        draws[task] = (ids, rng.integers(0, len(ids), size=(resamples, len(ids))))
+    values = []
+    for b in range(resamples):
+        picked = [row for task, (ids, idx) in draws.items() for i in idx[b] for row in clusters[task][ids[i]]]
+        values.append(benchmark.score(picked)["score"])
+    return np.percentile(values, [2.5, 97.5])
+
+
+def test_bootstrap_interval_equals_brute_force_resampling_with_benchmark_score():
+    generator = np.random.default_rng(7)
+    outcomes = {
+        task: list(generator.random(9) < p) for task, p in zip(RULER_TASKS[:4], (0.2, 0.5, 0.7, 0.9), strict=True)
+    }
+    # Three questions share each context, as LOOGLE's do: whole contexts are resampled.
+    rows = ruler_rows(outcomes, context_of=lambda task, i: f"{task}-ctx{i // 3}")
+    benchmark = Ruler()
+    decomposition = Decomposition(benchmark, rows)
+    assert decomposition.decomposed and list(decomposition.tasks) == list(outcomes)
+    interval = headline_interval(benchmark, rows, resamples=300, seed=3)
+    low, high = brute_force_interval(benchmark, rows, 300, 3, list(decomposition.tasks))
+    # benchmark.score rounds each task and the headline to 2 decimals; the decomposed path does not.
+    assert interval.decomposed and interval.low == pytest.approx(low, abs=0.02)
+    assert interval.high == pytest.approx(high, abs=0.02)
+    assert interval.low < benchmark.score(rows)["score"] < interval.high
+
+
+def test_a_task_with_a_single_context_gives_no_interval_rather_than_a_zero_width_one(tmp_path):
+    root = tmp_path / "runs"
+    write_run(root, uniform([True]), method="snapkv", cr=0.5)
+    write_run(root, uniform([False]), method="snapkv", cr=0.7)
+    (table,) = report_of(root, resamples=100).headline
+    assert table.markdown.splitlines()[2] == "| ruler | snapkv | 100.00 n=13 | 0.00 n=13 |"
+    assert "No interval: cwe, fwe, niah_multikey_1, ... have a single context (2 cells)." in table.notes
+
+
+def test_constant_outcomes_give_a_zero_width_interval():
+    rows = ruler_rows(uniform([True, True, True], RULER_TASKS[:3]))
+    interval = headline_interval(Ruler(), rows, resamples=200)
+    assert (interval.low, interval.high) == (100.0, 100.0)
+
+
+def test_paired_difference_of_a_run_with_itself_is_exactly_zero_and_dominance_excludes_zero():
+    generator = np.random.default_rng(1)
+    outcomes = {task: list(generator.random(20) < 0.5) for task in RULER_TASKS[:3]}
+    rows = ruler_rows(outcomes)
+    same = difference_interval(Ruler(), rows, Ruler(), rows, resamples=200)
+    assert (same.low, same.high, same.shared_samples, same.same_samples) == (0.0, 0.0, 60, True)
+    better = ruler_rows({task: [True] * 20 for task in outcomes})
+    gain = difference_interval(Ruler(), better, Ruler(), rows, resamples=200)
+    assert gain.low > 0
+
+
+class WithoutCloze:
+    """A headline over some tasks only, as LOOGLE's leaves out its cloze task: rows of that task alone have none."""
+
+    def score(self, rows):
+        metrics = Ruler().score(rows)
+        counted = [values["score"] for task, values in metrics["tasks"].items() if task != "cloze"]
+        metrics["score"] = round(sum(counted) / len(counted), 2) if counted else None
+        return metrics
+
+
+def test_tasks_outside_the_headline_are_left_out_of_its_resamples():
+    generator = np.random.default_rng(5)
+    rows = ruler_rows({task: list(generator.random(12) < 0.5) for task in ("vt", "cwe", "cloze")})
+    decomposition = Decomposition(WithoutCloze(), rows)
+    assert decomposition.decomposed and sorted(decomposition.tasks) == ["cwe", "vt"]
+    interval = headline_interval(WithoutCloze(), rows, resamples=300, seed=2)
+    low, high = brute_force_interval(WithoutCloze(), rows, 300, 2, list(decomposition.tasks))
+    assert (interval.low, interval.high) == pytest.approx((low, high), abs=0.02)
+
+
+class MaxOfTasks:
+    """A benchmark whose headline is the best task, not a mean: the bootstrap must score every resample."""
+
+    def score(self, rows):
+        metrics = Ruler().score(rows)
+        metrics["score"] = max(task["score"] for task in metrics["tasks"].values()) if metrics["tasks"] else None
+        return metrics
+
+
+def test_a_headline_that_is_not_a_mean_over_tasks_is_resampled_through_benchmark_score():
+    rows = ruler_rows({"vt": [True, False, False, False], "cwe": [True, True, False, False]})
+    assert not Decomposition(MaxOfTasks(), rows).decomposed
+    interval = headline_interval(MaxOfTasks(), rows, resamples=100, seed=0)
+    assert not interval.decomposed
+    assert 25.0 <= interval.low <= 50.0 <= interval.high <= 100.0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Command line: files written, plots produced
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def png_size(path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_report_command_writes_tables_and_readable_plots(runs_dir, tmp_path, capsys):
+    tables, plots = tmp_path / "tables", tmp_path / "plots"
+    main(
+        [
+            str(runs_dir),
+            "--out",
+            str(tables),
+            "--plots",
+            str(plots),
+            "--bootstrap",
+            "50",
+            "--diff",
+            "snapkv",
+            "no_press",
+        ]
+    )
+    out = capsys.readouterr()
+    assert "| ruler | eg_chunkkv_snapkv | 100.00 [100.00, 100.00] n=26 | 73.08 [" in out.out
+    assert "status running" in out.err
+    assert sorted(path.name for path in tables.iterdir()) == [
+        "diff__snapkv__no_press.csv",
+        "diff__snapkv__no_press.md",
+        "gate_effect.csv",
+        "gate_effect.md",
+        "report.md",
+        "ruler.csv",
+        "ruler.md",
+        "ruler_tasks.csv",
+        "ruler_tasks.md",
+        "runs.csv",
+    ]
+    runs = read_csv((tables / "runs.csv").read_text())
+    assert len(runs) == 6 and {row["status"] for row in runs} == {"complete"}
+    assert all(float(row["ci_low"]) <= float(row["score"]) <= float(row["ci_high"]) for row in runs)
+    width, height = png_size(plots / "ruler.png")
+    assert width >= 1000 and height >= 600
+    width, height = png_size(plots / "ruler_tasks.png")
+    assert width >= 1200 and height >= 1000  # 13 task panels, 4 per row
+
+
+def test_report_without_finished_runs_says_why(tmp_path):
+    write_run(tmp_path / "runs", uniform([True]), method="snapkv", status="interrupted")
+    with pytest.raises(SystemExit, match="(?s)no finished run under .*status interrupted"):
+        main([str(tmp_path / "runs"), "--out", str(tmp_path / "tables"), "--no-plots"])

@@ -1,0 +1,239 @@
+"""wandb tracking: disabled by default without importing wandb; offline mode run for real, then read back.
+
+The offline tests run the installed wandb package with WANDB_MODE=offline and a temporary WANDB_DIR, and read
+the ``.wandb`` file it writes (a LevelDB-style log of wandb protobuf records) to check what was logged.
+"""
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import ConfigCompositionException
+from hydra.types import RunMode
+from omegaconf import open_dict
+
+from evaluate.benchmarks.ruler import Ruler
+from evaluate.config import ConfigError
+from evaluate.tracking import Tracker
+from tests.fixtures.runs.builder import uniform, write_run
+from tests.support import CONF_DIR, compose_config
+
+
+def compose(tmp_path, *overrides: str):
+    """The real config with the wandb group, whether or not conf/config.yaml lists it in its defaults."""
+    try:
+        return compose_config(tmp_path, *overrides)
+    except ConfigCompositionException:
+        return compose_config(tmp_path, *(f"+{o}" if o.startswith("wandb=") else o for o in overrides))
+
+
+def test_disabled_tracking_is_a_no_op_that_never_imports_wandb(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # any `import wandb` now fails
+    for cfg in (compose_config(tmp_path), compose(tmp_path, "wandb=disabled")):
+        tracker = Tracker.from_config(cfg, "run")
+        assert not tracker.enabled
+        tracker.log_progress(1, 2, wall_seconds=1.0)
+        tracker.log_metrics({"score": 1.0, "tasks": {}}, [], Ruler())
+        tracker.finish()
+    with pytest.raises(
+        ConfigError, match=r"wandb.mode=offline needs the wandb package: pip install 'pressbench\[wandb\]'"
+    ):
+        Tracker.from_config(compose(tmp_path, "wandb=offline"), "run")
+    with pytest.raises(ConfigError, match="wandb.mode='sometimes'; choose one of disabled, offline, online"):
+        Tracker.from_config(compose(tmp_path, "wandb=offline", "wandb.mode=sometimes"), "run")
+
+
+def test_a_wandb_failure_turns_tracking_off_without_stopping_the_run(caplog):
+    class BrokenRun:
+        def log(self, *args, **kwargs):
+            raise ConnectionError("wandb.ai unreachable")
+
+    tracker = Tracker(run=BrokenRun())
+    tracker.log_progress(1, 2)
+    assert not tracker.enabled
+    assert "wandb logging failed and is turned off for this run: wandb.ai unreachable" in caplog.text
+    tracker.log_progress(2, 2)  # now a no-op
+    tracker.finish()
+
+
+@pytest.fixture
+def offline(tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    for name, value in {
+        "WANDB_MODE": "offline",
+        "WANDB_DIR": str(tmp_path / "wandb_dir"),
+        "WANDB_CONFIG_DIR": str(tmp_path / "wandb_config"),
+        "WANDB_CACHE_DIR": str(tmp_path / "wandb_cache"),
+        "WANDB_DATA_DIR": str(tmp_path / "wandb_data"),
+        "WANDB_SILENT": "true",
+        "WANDB_DISABLE_GIT": "true",
+    }.items():
+        monkeypatch.setenv(name, value)
+    (tmp_path / "wandb_dir").mkdir()
+    # wandb reads its environment once per process; start and end each test with a fresh one.
+    wandb.teardown()
+    yield tmp_path / "wandb_dir"
+    wandb.teardown()
+
+
+def wandb_records(run_dir: Path, timeout: float = 60.0) -> list:
+    """Every record of an offline run, once wandb's writer process has written its exit record.
+
+    ``run.finish()`` returns before the separate wandb-core process has flushed the whole file.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        records = _parse_wandb_file(run_dir)
+        kinds = {record.WhichOneof("record_type") for record in records}
+        if {"run", "exit"} <= kinds or time.monotonic() > deadline:
+            return records
+        time.sleep(0.2)
+
+
+def _parse_wandb_file(run_dir: Path) -> list:
+    from wandb.proto import wandb_internal_pb2
+
+    (path,) = run_dir.glob("run-*.wandb")
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    block, position, records, pending = 32768, 7, [], b""
+    while position + 7 <= len(data):
+        if block - position % block < 7:  # a block's tail too short for a header is padding
+            position += block - position % block
+            continue
+        length = int.from_bytes(data[position + 4 : position + 6], "little")
+        kind = data[position + 6]
+        payload = data[position + 7 : position + 7 + length]
+        position += 7 + length
+        if kind in (1, 2):  # full, first
+            pending = payload
+        elif kind in (3, 4):  # middle, last
+            pending += payload
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            records.append(record)
+    return records
+
+
+def items(updates) -> dict:
+    return {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in updates}
+
+
+def test_offline_run_logs_config_progress_metrics_and_a_predictions_table(tmp_path, offline):
+    cfg = compose(tmp_path, "wandb=offline", "press=eg_chunkkv", "cr=0.9")
+    with open_dict(cfg):
+        cfg.benchmark = {"_target_": "evaluate.benchmarks.ruler.Ruler", "name": "ruler"}
+    # Inside a Hydra multirun: the sweep folder's name is the group.
+    with initialized_multirun("/sweeps/multirun/2026-01-02_03-04-05"):
+        tracker = Tracker.from_config(cfg, "ruler__tiny-random__eg_chunkkv_snapkv__cr0.90__abcdef")
+    run_dir = tracker.run_dir
+    assert run_dir.parent.parent == offline and run_dir.name.startswith("offline-run-")
+    rows = [
+        {"id": "vt-0", "task": "vt", "question": "Q0?", "answers": ["a", "b"], "prediction": "a b", "kept_ratio": 0.1},
+        {"id": "vt-1", "task": "vt", "question": "Q1?", "answers": ["a", "b"], "prediction": "a", "kept_ratio": 0.1},
+        {"id": "cwe-0", "task": "cwe", "question": "Q2?", "answers": ["c"], "prediction": "-", "kept_ratio": 0.3},
+    ]
+    metrics = Ruler().score(rows)  # vt: (1 + 0.5) / 2 = 75; cwe: 0; headline 37.5
+    tracker.log_progress(2, 3, wall_seconds=1.5, prefill_seconds=1.0, decode_seconds=0.5, kept_ratio=0.1)
+    tracker.log_progress(3, 3, wall_seconds=2.5, prefill_seconds=1.8, decode_seconds=0.7, kept_ratio=0.3)
+    tracker.log_metrics(metrics, rows, Ruler(), {"wall_seconds": 2.5, "peak_memory_mb": 512.0, "errors": 0})
+    tracker.finish()
+    assert not tracker.enabled
+
+    records = wandb_records(run_dir)
+    from collections import Counter
+
+    print(
+        "DEBUG",
+        Counter(r.WhichOneof("record_type") for r in records),
+        run_dir.stat(),
+        sorted(p.name for p in run_dir.rglob("*")),
+    )
+    (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    assert (run.run_group, run.job_type, run.display_name) == (
+        "sweep-2026-01-02_03-04-05",
+        "ruler",
+        "ruler__tiny-random__eg_chunkkv_snapkv__cr0.90__abcdef",
+    )
+    config = items(run.config.update)
+    assert config["cr"] == 0.9 and config["press"]["method"] == "eg_chunkkv_snapkv"
+    assert config["model"]["name"] == "tiny-random" and config["wandb"]["mode"] == "offline"
+    history = [items(r.history.item) for r in records if r.WhichOneof("record_type") == "history"]
+    progress = [h for h in history if "progress/samples" in h]
+    assert [(h["progress/samples"], h["progress/fraction"], h["progress/kept_ratio"]) for h in progress] == [
+        (2, 2 / 3, 0.1),
+        (3, 1.0, 0.3),
+    ]
+    summary = {}
+    for r in records:
+        if r.WhichOneof("record_type") == "summary":
+            summary.update(items(r.summary.update))
+    assert summary["score"] == 37.5 and summary["tasks/vt/score"] == 75.0 and summary["tasks/cwe/n"] == 1
+    assert summary["kept_ratio"] == pytest.approx((0.1 + 0.1 + 0.3) / 3)
+    assert (summary["wall_seconds"], summary["peak_memory_mb"], summary["samples"]) == (2.5, 512.0, 3)
+
+    (table_file,) = (run_dir / "files" / "media" / "table").glob("predictions_*.table.json")
+    table = json.loads(table_file.read_text())
+    assert table["columns"] == ["id", "task", "question", "answers", "prediction", "correct"]
+    assert sorted(table["data"]) == sorted(
+        [
+            ["vt-0", "vt", "Q0?", "a | b", "a b", 1.0],
+            ["vt-1", "vt", "Q1?", "a | b", "a", 0.5],
+            ["cwe-0", "cwe", "Q2?", "c", "-", 0.0],
+        ]
+    )
+
+
+class initialized_multirun:
+    """HydraConfig as a multirun job sees it, for the duration of a ``with`` block."""
+
+    def __init__(self, sweep_dir: str):
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+            self.cfg = hydra_compose(config_name="config", overrides=["model=tiny_random"], return_hydra_config=True)
+        with open_dict(self.cfg):
+            self.cfg.hydra.mode = RunMode.MULTIRUN
+            self.cfg.hydra.sweep.dir = sweep_dir
+
+    def __enter__(self):
+        HydraConfig.instance().set_config(self.cfg)
+
+    def __exit__(self, *exc):
+        HydraConfig.instance().cfg = None
+
+
+def test_report_logs_tables_plots_and_a_score_chart_to_one_offline_run(tmp_path, offline, capsys):
+    from evaluate.report import main
+
+    root = tmp_path / "runs"
+    write_run(root, uniform([True, True]), method="no_press")
+    write_run(root, uniform([True, False]), method="snapkv", cr=0.5)
+    main([str(root), "--out", str(tmp_path / "tables"), "--plots", str(tmp_path / "plots"), "--wandb", "offline"])
+    location = capsys.readouterr().out.split("wandb summary run: ")[1].strip()
+    run_dir = Path(location)
+    assert run_dir.parent.parent == offline
+    records = wandb_records(run_dir)
+    (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    assert run.job_type == "report"
+    logged = {}
+    for r in records:
+        if r.WhichOneof("record_type") == "history":
+            logged.update(items(r.history.item))
+    # wandb flattens each media value into nested keys: {key}/_type, {key}/path, ...
+    for key in ("tables/ruler", "tables/ruler_tasks", "tables/runs", "charts/ruler_table"):
+        assert logged.get(f"{key}/_type") == "table-file", key
+    for key in ("plots/ruler", "plots/ruler_tasks"):
+        assert logged.get(f"{key}/_type") == "image-file", key
+    assert (run_dir / "files" / logged["plots/ruler/path"]).is_file()
+    (chart,) = (run_dir / "files" / "media" / "table" / "charts").glob("ruler_table_*.table.json")
+    data = json.loads(chart.read_text())
+    assert data["columns"] == ["method", "compression_ratio", "score"]
+    assert sorted(data["data"]) == [
+        ["no compression · Llama-3.1-8B-Instruct", 0.0, 100.0],
+        ["snapkv · Llama-3.1-8B-Instruct", 0.5, 50.0],
+    ]
