@@ -1,0 +1,38 @@
+"""One worker of the ``gpus`` launcher: ``python -m hydra_plugins.pressbench_gpus_launcher._worker TASK RESULT``.
+
+TASK is the pickle the launcher wrote (the sweep's Hydra config and this worker's resolved job configs); RESULT
+receives ``{"metrics": [...]}`` in job order, or ``{"error": "..."}``. The launcher has already set
+CUDA_VISIBLE_DEVICES to this worker's GPU. (Hydra's plugin scan skips modules whose name starts with ``_``.)
+"""
+
+import json
+import os
+import pickle
+import sys
+import traceback
+from pathlib import Path
+
+
+def main(task_path: str, result_path: str) -> int:
+    with open(task_path, "rb") as handle:
+        task = pickle.load(handle)
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    # Code that asks Hydra about the sweep (wandb groups runs by the sweep folder) sees the parent's sweep.
+    HydraConfig.instance().set_config(task["hydra_config"])
+    try:
+        from evaluate.sweep import run_sweep
+
+        result = {"metrics": run_sweep([OmegaConf.create(config) for config in task["configs"]])}
+    except Exception as error:
+        traceback.print_exc()
+        result = {"error": f"{type(error).__name__}: {error}"}
+    staging = Path(f"{result_path}.partial")
+    staging.write_text(json.dumps(result), encoding="utf-8")
+    os.replace(staging, result_path)
+    return 0 if "metrics" in result else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:]))

@@ -1,0 +1,274 @@
+"""The gpus launcher (one pinned worker per GPU) and the SLURM launcher (submitit), without a GPU or a cluster."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from hydra.core.utils import JobStatus
+from submitit.core.utils import DelayedSubmission
+
+from evaluate import rundir
+from evaluate.config import run_dir
+from evaluate.runner import run
+from hydra_plugins.pressbench_gpus_launcher.gpus_launcher import _outcomes, _Worker, partition, visible_gpus
+from tests.support import SharedContextBenchmark, compose_config
+
+REPO = Path(__file__).resolve().parent.parent
+RECORDED = ("cuda_visible_devices", "pid")
+
+
+@dataclass
+class DeviceRecordingBenchmark(SharedContextBenchmark):
+    """The shared-context benchmark, each sample recording which process loaded it and the GPUs it saw."""
+
+    def load(self, tokenizer, limit: int | None = None):
+        seen = {"cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "pid": os.getpid()}
+        return [replace(sample, extra=seen) for sample in super().load(tokenizer, limit)]
+
+
+def in_code_benchmark(target: str, *settings: str) -> list[str]:
+    return ["~benchmark", f"+benchmark._target_={target}", "+benchmark.name=shared_context", *settings]
+
+
+def cli(output_dir: Path, *overrides: str, env: dict | None = None, **popen) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "evaluate", "-m", f"output_dir={output_dir}", "device=cpu", *overrides],
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen,
+    )
+
+
+def rows_without(path: Path, keys: tuple[str, ...]) -> list[dict]:
+    return [{k: v for k, v in row.items() if k not in keys} for row in rundir.read_predictions(path)]
+
+
+# --- gpus launcher -------------------------------------------------------------------------------------------
+
+
+def test_partition_keeps_groups_together_and_balances_to_one_job():
+    assert partition(["a", "a", "b", "b"], 2) == [[0, 1], [2, 3]]
+    # Interleaved sweep order: each worker still gets one key.
+    assert partition(["a", "b", "a", "b"], 2) == [[0, 2], [1, 3]]
+    # One big group on more GPUs: cut into shares of 3 or 2.
+    assert [len(share) for share in partition(["a"] * 18, 8)] == [3, 3, 2, 2, 2, 2, 2, 2]
+    # An uneven pair of groups: balance wins, the larger group is cut once.
+    assert partition(["a"] * 10 + ["b"], 2) == [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10]]
+    # Three groups of 10 on two GPUs: only the middle group is split.
+    assert partition(["a"] * 10 + ["b"] * 10 + ["c"] * 10, 2) == [list(range(15)), list(range(15, 30))]
+    # Fewer jobs than GPUs: the extra GPUs stay idle.
+    assert partition(["a", "b", "c"], 8) == [[0], [1], [2]]
+    assert partition(["a", "b"], 1) == [[0, 1]]
+
+
+def test_partition_properties_on_random_sweeps():
+    rng = random.Random(0)
+    for _ in range(300):
+        keys = [rng.choice("abcdef") for _ in range(rng.randint(1, 40))]
+        workers = rng.randint(1, 9)
+        shares = partition(keys, workers)
+        assert sorted(p for share in shares for p in share) == list(range(len(keys)))
+        sizes = [len(share) for share in shares]
+        assert len(shares) == min(workers, len(keys)) and max(sizes) - min(sizes) <= 1
+        # Each cut between two shares splits at most one key.
+        pieces = sum(len({keys[p] for p in share}) for share in shares)
+        assert pieces - len(set(keys)) <= workers - 1
+
+
+def test_visible_gpus(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    assert visible_gpus() == ["0", "1"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3, GPU-1f2e,MIG-77")
+    assert visible_gpus() == ["3", "GPU-1f2e", "MIG-77"]
+    # CUDA stops at the first invalid entry.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,-1,3")
+    assert visible_gpus() == ["2"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert visible_gpus() == []
+    # The launcher's own list wins over the environment.
+    assert visible_gpus([4, 5]) == ["4", "5"] and visible_gpus("6,7") == ["6", "7"] and visible_gpus(1) == ["1"]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    assert visible_gpus() == ["0", "1", "2"]
+
+
+def test_worker_outcomes_become_job_statuses(tmp_path):
+    log_path = tmp_path / "0.log"
+    log_path.write_text("".join(f"line {n}\n" for n in range(30)))
+    result_path = tmp_path / "result.json"
+
+    def worker(returncode: int) -> _Worker:
+        process = SimpleNamespace(returncode=returncode)
+        return _Worker("0", [None, None], process, result_path, log_path, None)
+
+    result_path.write_text(json.dumps({"metrics": [{"score": 12.5}, {"score": 80.0}]}))
+    assert _outcomes(worker(0)) == [(JobStatus.COMPLETED, 12.5), (JobStatus.COMPLETED, 80.0)]
+
+    result_path.write_text(json.dumps({"error": "ConfigError: cr=2 is outside [0, 1)"}))
+    outcomes = _outcomes(worker(1))
+    assert [status for status, _ in outcomes] == [JobStatus.FAILED] * 2
+    message = str(outcomes[0][1])
+    assert "worker on GPU 0 failed: ConfigError: cr=2" in message
+    # The last lines of the worker's log come with the error, not the whole log.
+    assert "line 29" in message and "line 10\n" in message and "line 9\n" not in message
+
+    result_path.unlink()
+    assert "worker on GPU 0 exited with code -9 before finishing" in str(_outcomes(worker(-9))[0][1])
+
+
+GPUS_SWEEP = (
+    "hydra/launcher=gpus",
+    "model=tiny_random,tiny_random_qwen3",
+    "press=eg_chunkkv",
+    "cr=0.3,0.6",
+    "limit=null",
+    *in_code_benchmark(f"{__name__}.DeviceRecordingBenchmark"),
+)
+
+
+@pytest.mark.slow  # a multirun whose two workers each start Python, torch and kvpress (~30 s on 2 CPU cores)
+@pytest.mark.parametrize(("visible", "expected"), [("0,1", {"tiny-random": "0", "tiny-random-qwen3": "1"}), ("", {})])
+def test_each_worker_sees_only_its_own_gpu_and_runs_its_jobs_like_a_separate_run(tmp_path, visible, expected):
+    process = cli(tmp_path / "sweep", *GPUS_SWEEP, env={"CUDA_VISIBLE_DEVICES": visible})
+    _, stderr = process.communicate(timeout=900)
+    assert process.returncode == 0, stderr[-3000:]
+
+    seen = {}
+    for model, cr in [(m, c) for m in ("tiny_random", "tiny_random_qwen3") for c in ("0.3", "0.6")]:
+        overrides = (f"model={model}", "press=eg_chunkkv", f"cr={cr}", "limit=null")
+        benchmark = in_code_benchmark(f"{__name__}.DeviceRecordingBenchmark")
+        swept = run_dir(compose_config(tmp_path / "sweep", *overrides, *benchmark)) / rundir.PREDICTIONS
+        rows = rundir.read_predictions(swept)
+        assert len(rows) == 9 and len({(row["pid"], row["cuda_visible_devices"]) for row in rows}) == 1
+        seen[(model, cr)] = (rows[0]["pid"], rows[0]["cuda_visible_devices"])
+        reference = compose_config(tmp_path / "reference", *overrides, *benchmark)
+        run(reference)
+        assert rows_without(swept, RECORDED) == rows_without(run_dir(reference) / rundir.PREDICTIONS, RECORDED)
+
+    pids = {pid for pid, _ in seen.values()}
+    assert process.pid not in pids
+    sweep_logs = next((tmp_path / "sweep" / "multirun").iterdir()) / "gpus"
+    if expected:
+        # Jobs of one model share a worker; each worker saw its own GPU and nothing else.
+        for (model, _), (_, devices) in seen.items():
+            assert devices == expected[model.replace("_", "-")]
+        assert len(pids) == 2
+        assert sorted(path.name for path in sweep_logs.iterdir()) == ["0.log", "1.log"]
+    else:
+        # No GPU: one worker on the CPU, with the environment it was given.
+        assert len(pids) == 1 and {devices for _, devices in seen.values()} == {""}
+        assert [path.name for path in sweep_logs.iterdir()] == ["cpu.log"]
+
+
+# --- SLURM launcher ------------------------------------------------------------------------------------------
+
+
+def fake_slurm(bin_dir: Path) -> None:
+    """``srun`` to pass submitit's cluster check, ``sbatch`` that keeps the script it is given and refuses it."""
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 1\n")
+    (bin_dir / "sbatch").write_text('#!/bin/sh\ncp "$1" "$SBATCH_RECORD"\necho "sbatch: no cluster" >&2\nexit 1\n')
+    for name in ("srun", "sbatch"):
+        (bin_dir / name).chmod(0o755)
+
+
+@pytest.mark.slow  # one `python -m evaluate` process (~10 s)
+def test_slurm_launcher_submits_one_requeueable_array_with_the_configured_resources(tmp_path):
+    fake_slurm(tmp_path / "bin")
+    script = tmp_path / "sbatch.sh"
+    process = cli(
+        tmp_path / "runs",
+        "hydra/launcher=slurm",
+        "hydra.launcher.partition=gpu_test",
+        "hydra.launcher.array_parallelism=2",
+        "hydra.launcher.timeout_min=90",
+        "model=tiny_random",
+        "cr=0.3,0.5,0.7",
+        env={"PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}", "SBATCH_RECORD": str(script)},
+    )
+    _, stderr = process.communicate(timeout=600)
+    assert process.returncode != 0 and "sbatch: no cluster" in stderr
+    flags = {line for line in script.read_text().splitlines() if line.startswith("#SBATCH")}
+    assert {
+        "#SBATCH --partition=gpu_test",
+        "#SBATCH --gpus-per-node=1",
+        "#SBATCH --time=90",
+        "#SBATCH --array=0-2%2",
+        "#SBATCH --requeue",
+        "#SBATCH --signal=USR2@120",
+        "#SBATCH --job-name=pressbench",
+    } <= flags
+
+    # What each array task will run: the job's own overrides; requeued, it resubmits exactly those.
+    submissions = sorted(next((tmp_path / "runs" / "multirun").iterdir()).glob(".submitit/*.pkl"))
+    assert len(submissions) == 3
+    crs = set()
+    for path in submissions:
+        submission = DelayedSubmission.load(path)
+        assert submission._timeout_countdown == 5
+        overrides = submission.args[0]
+        crs |= {item for item in overrides if item.startswith("cr=")}
+        requeued = submission._checkpoint_function()
+        assert requeued.args[0] == overrides and requeued.args[2] == submission.args[2]
+    assert crs == {"cr=0.3", "cr=0.5", "cr=0.7"}
+
+
+# 6 contexts x 3 questions per job: the job is preempted once its first context is written.
+REQUEUE_RUN = (
+    "model=tiny_random",
+    "press=eg_chunkkv",
+    "limit=null",
+    *in_code_benchmark("tests.support.SharedContextBenchmark", "+benchmark.contexts=6", "+benchmark.max_new_tokens=12"),
+)
+
+
+@pytest.mark.slow  # a two-job multirun through submitit's local executor, one job preempted and requeued (~1 min)
+def test_submitit_local_job_preempted_mid_run_is_requeued_and_resumes_to_the_uninterrupted_result(tmp_path):
+    process = cli(tmp_path / "runs", "hydra/launcher=submitit_local", *REQUEUE_RUN, "cr=0.3,0.6")
+    preempted = run_dir(compose_config(tmp_path / "runs", *REQUEUE_RUN, "cr=0.3"))
+    predictions = preempted / rundir.PREDICTIONS
+    deadline = time.monotonic() + 600
+    while not predictions.exists() or not predictions.read_bytes().count(b"\n"):
+        assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()[-3000:]
+        time.sleep(0.05)
+    # The job's process holds the run directory's lock, which names it; USR2 is what SLURM sends on
+    # preemption or near the time limit (submitit's signal), and what submitit's local executor forwards.
+    holder = int((preempted / rundir.LOCK).read_text().split()[1])
+    os.kill(holder, signal.SIGUSR2)
+    answered_before = predictions.read_bytes().count(b"\n")
+    _, stderr = process.communicate(timeout=900)
+    assert process.returncode == 0, stderr[-3000:]
+
+    assert answered_before < 18
+    record = rundir.read_json(preempted / rundir.RUN)
+    assert record["status"] == "complete" and record["sessions"] == 2
+    assert str(holder) not in (preempted / rundir.LOCK).read_text()
+    job_logs = "".join(p.read_text() for p in (tmp_path / "runs" / "multirun").rglob("*_log.*"))
+    assert "this job is preempted" in job_logs and "Requeued job" in job_logs
+    for cr, sessions in (("0.3", 2), ("0.6", 1)):
+        swept = run_dir(compose_config(tmp_path / "runs", *REQUEUE_RUN, f"cr={cr}"))
+        reference = compose_config(tmp_path / "reference", *REQUEUE_RUN, f"cr={cr}")
+        run(reference)
+        lines = (swept / rundir.PREDICTIONS).read_text().splitlines()
+        assert len(lines) == 18 and lines == (run_dir(reference) / rundir.PREDICTIONS).read_text().splitlines()
+        assert (swept / rundir.METRICS).read_text() == (run_dir(reference) / rundir.METRICS).read_text()
+        assert rundir.read_json(swept / rundir.RUN)["sessions"] == sessions
+
+
+def test_launcher_module_imports_no_torch_at_plugin_scan():
+    # Hydra imports every plugin module at start-up, for every command; the launcher must stay cheap to import.
+    code = "import sys, hydra_plugins.pressbench_gpus_launcher.gpus_launcher; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True).stdout == "False\n"
