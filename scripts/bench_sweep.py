@@ -13,7 +13,7 @@ byte-identical, and writes the same table to results/bench/sweep_{device}.md.
 """
 
 import argparse
-import resource
+import os
 import subprocess
 import sys
 import tempfile
@@ -24,12 +24,15 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def timed(command: list[str]) -> tuple[float, float]:
-    """Wall seconds of a child process and its peak resident memory in MiB."""
+    """Wall seconds of a child process and its own peak resident memory in MiB."""
     start = time.perf_counter()
-    subprocess.run(command, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+    child = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL)
+    # wait4 gives this child's own rusage (ru_maxrss in KiB on Linux), not the maximum over all children.
+    _, status, usage = os.wait4(child.pid, 0)
     wall = time.perf_counter() - start
-    # RUSAGE_CHILDREN reports the largest peak among the children waited for so far, in KiB on Linux.
-    return wall, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise subprocess.CalledProcessError(os.waitstatus_to_exitcode(status), command)
+    return wall, usage.ru_maxrss / 1024
 
 
 def main() -> None:
