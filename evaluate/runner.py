@@ -338,6 +338,12 @@ class Point:
             )
         return max_context
 
+    def context(self, sample: Sample, tokenizer, max_context: int) -> str:
+        """The sample's context as the model sees it; only over-long contexts are tokenized again to cut them."""
+        if self.context_tokens[sample.context] <= max_context:
+            return sample.context
+        return truncate(tokenizer, sample.context, max_context, self.cfg.truncation)
+
     def groups(self) -> list[list[Sample]]:
         return group_by_context(self.todo, self.cfg.query_aware)
 
@@ -458,7 +464,7 @@ def answer_with_pipeline(point: Point, model, tokenizer, max_context: int) -> No
     )
     try:
         for group in point.groups():
-            context = truncate(tokenizer, group[0].context, max_context, cfg.truncation)
+            context = point.context(group[0], tokenizer, max_context)
             probe.reset()
             group_start = time.perf_counter()
             cache = DynamicCache()

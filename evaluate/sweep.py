@@ -32,7 +32,6 @@ from evaluate.runner import (
     load_tokenizer,
     make_pipeline,
     measure_kept_ratio,
-    truncate,
     warn_if_unpatched,
 )
 
@@ -89,7 +88,7 @@ def compressed_cache(press: BasePress | None, layers, captured: list[tuple]) -> 
 
 def _group_key(point: Point, group: list[Sample], tokenizer, max_context: int) -> tuple:
     sample = group[0]
-    context = truncate(tokenizer, sample.context, max_context, point.cfg.truncation)
+    context = point.context(sample, tokenizer, max_context)
     question = sample.question if point.cfg.query_aware else None
     return context, question, sample.answer_prefix, sample.max_new_tokens, sample.chat_template
 
@@ -133,12 +132,18 @@ def answer_with_shared_prefill(points: list[Point], model, tokenizer, max_contex
                     progress.update(len(group))
                 continue
             shared_prefill = (time.perf_counter() - start) / len(members)
+            # Points usually ask the same questions of a context: tokenize each question list once.
+            question_ids_for: dict[tuple[str, ...], list] = {}
             for point, group in members:
                 point_start = time.perf_counter()
                 try:
-                    questions = [""] if question is not None else [sample.question for sample in group]
-                    with chat_template_enabled(tokenizer, chat_template):
-                        question_ids = tokenized(press_text, questions, answer_prefix)["questions_ids"]
+                    questions = ("",) if question is not None else tuple(sample.question for sample in group)
+                    if questions not in question_ids_for:
+                        with chat_template_enabled(tokenizer, chat_template):
+                            question_ids_for[questions] = tokenized(press_text, list(questions), answer_prefix)[
+                                "questions_ids"
+                            ]
+                    question_ids = question_ids_for[questions]
                     with torch.no_grad():
                         cache = compressed_cache(point.press, layers, capture.captured)
                         kept_ratio = measure_kept_ratio(model, cache, context_ids.shape[1])
