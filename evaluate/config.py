@@ -15,7 +15,17 @@ logger = logging.getLogger(__name__)
 TRUNCATION_POLICIES = ("head", "middle")
 
 # Keys that never change a prediction: where results go, how many samples, which device runs them.
-NON_RESULT_KEYS = ("limit", "fraction", "output_dir", "overwrite", "device", "fail_fast", "retry_errors", "wandb")
+NON_RESULT_KEYS = (
+    "limit",
+    "fraction",
+    "output_dir",
+    "overwrite",
+    "device",
+    "fail_fast",
+    "retry_errors",
+    "wandb",
+    "decode_batch_size",
+)
 
 
 class ConfigError(ValueError):
@@ -42,6 +52,8 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"limit={cfg.limit} must be a positive number of samples per task, or null for all")
     if not 0 < cfg.fraction <= 1:
         raise ConfigError(f"fraction={cfg.fraction} is outside (0, 1]: the share of samples to run, e.g. 0.1")
+    if cfg.decode_batch_size < 1:
+        raise ConfigError(f"decode_batch_size={cfg.decode_batch_size} must be at least 1 (1 decodes one by one)")
     if cfg.truncation not in TRUNCATION_POLICIES:
         raise ConfigError(f"truncation={cfg.truncation!r}; choose one of {', '.join(TRUNCATION_POLICIES)}")
     if cfg.max_context_length is not None and cfg.max_context_length <= 0:

@@ -13,6 +13,7 @@ eager attention, a lone point) take the normal pipeline path.
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
+from dataclasses import dataclass
 
 import torch
 from kvpress import AdaKVPress, BasePress, ChunkKVPress, EntropyGatedChunkKVPress, ScorerPress
@@ -24,6 +25,7 @@ from transformers.utils import logging as transformers_logging
 
 from evaluate import rundir
 from evaluate.benchmarks import Sample
+from evaluate.decoding import DecodeRequest, batchable, greedy_answers
 from evaluate.runner import (
     Point,
     answer_with_pipeline,
@@ -86,6 +88,54 @@ def compressed_cache(press: BasePress | None, layers, captured: list[tuple]) -> 
     return cache
 
 
+@dataclass
+class Pending:
+    """A point's questions on one context, compressed and waiting to be decoded."""
+
+    point: Point
+    group: list[Sample]
+    requests: list[DecodeRequest]
+    kept_ratio: float
+    context_length: int
+    prefill_seconds: float
+    seconds: float = 0.0
+
+
+class DecodeBatch:
+    """Collects points' questions and decodes them together once ``batch_size`` questions are waiting."""
+
+    def __init__(self, model, tokenizer, batch_size: int, progress: tqdm):
+        self.model, self.tokenizer, self.batch_size, self.progress = model, tokenizer, batch_size, progress
+        self.pending: list[Pending] = []
+
+    def add(self, pending: Pending) -> "DecodeBatch":
+        self.pending.append(pending)
+        if sum(len(p.requests) for p in self.pending) >= self.batch_size:
+            self.flush()
+        return self
+
+    def flush(self) -> None:
+        pending, self.pending = self.pending, []
+        requests = [request for p in pending for request in p.requests]
+        if not requests:
+            return
+        start = time.perf_counter()
+        try:
+            answers = iter(greedy_answers(self.model, self.tokenizer, requests, self.batch_size))
+            failure = None
+        except Exception as error:
+            failure = error
+        decode_share = (time.perf_counter() - start) / len(requests)
+        for p in pending:
+            seconds = p.prefill_seconds + p.seconds + decode_share * len(p.requests)
+            if failure is None:
+                outcome = [next(answers) for _ in p.requests], p.kept_ratio, p.context_length, None
+            else:
+                outcome = p.point.fail(p.group, failure)
+            p.point.record(p.group, *outcome, p.prefill_seconds, seconds)
+            self.progress.update(len(p.group))
+
+
 def _group_key(point: Point, group: list[Sample], tokenizer, max_context: int) -> tuple:
     sample = group[0]
     context = point.context(sample, tokenizer, max_context)
@@ -115,6 +165,7 @@ def answer_with_shared_prefill(points: list[Point], model, tokenizer, max_contex
     def tokenized(context: str, questions: list[str], answer_prefix: str) -> dict:
         return pipe.preprocess(context, questions, answer_prefix, max_context_length)
 
+    batch_size = min(point.cfg.decode_batch_size for point in points)
     progress = tqdm(total=sum(len(p.todo) for p in points), unit="sample", desc="sweep", dynamic_ncols=True)
     try:
         for (context, question, answer_prefix, max_new_tokens, chat_template), members in work.items():
@@ -134,6 +185,7 @@ def answer_with_shared_prefill(points: list[Point], model, tokenizer, max_contex
             shared_prefill = (time.perf_counter() - start) / len(members)
             # Points usually ask the same questions of a context: tokenize each question list once.
             question_ids_for: dict[tuple[str, ...], list] = {}
+            batch = DecodeBatch(model, tokenizer, batch_size, progress)
             for point, group in members:
                 point_start = time.perf_counter()
                 try:
@@ -143,23 +195,28 @@ def answer_with_shared_prefill(points: list[Point], model, tokenizer, max_contex
                             question_ids_for[questions] = tokenized(press_text, list(questions), answer_prefix)[
                                 "questions_ids"
                             ]
-                    question_ids = question_ids_for[questions]
                     with torch.no_grad():
                         cache = compressed_cache(point.press, layers, capture.captured)
                         kept_ratio = measure_kept_ratio(model, cache, context_ids.shape[1])
-                        answers = []
-                        for ids in question_ids:
-                            lengths = [cache.get_seq_length(layer_idx) for layer_idx in range(len(cache))]
-                            answers.append(
-                                pipe.generate_answer(ids.to(model.device), cache, context_ids.shape[1], max_new_tokens)
-                            )
-                            pipe._remove_answer_from_cache(cache, lengths)
-                    outcome = answers, kept_ratio, context_ids.shape[1], None
+                    requests = [
+                        DecodeRequest(cache, ids, context_ids.shape[1], max_new_tokens)
+                        for ids in question_ids_for[questions]
+                    ]
                 except Exception as failure:
-                    outcome = point.fail(group, failure)
-                elapsed = time.perf_counter() - point_start
-                point.record(group, *outcome, shared_prefill, shared_prefill + elapsed)
-                progress.update(len(group))
+                    point.record(group, *point.fail(group, failure), shared_prefill, shared_prefill)
+                    progress.update(len(group))
+                    continue
+                pending = Pending(point, group, requests, kept_ratio, context_ids.shape[1], shared_prefill)
+                pending.seconds += time.perf_counter() - point_start
+                if batchable(cache, [layer.self_attn for layer in layers]):
+                    batch.add(pending)
+                else:
+                    # Keys masked on the attention modules (AdaKV) belong to this point alone: decode it now,
+                    # and clear them so that they cannot reach the rows batched later.
+                    DecodeBatch(model, tokenizer, 1, progress).add(pending)
+                    for layer in layers:
+                        layer.self_attn.masked_key_indices = None
+            batch.flush()
     finally:
         progress.close()
 

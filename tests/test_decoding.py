@@ -1,0 +1,115 @@
+"""Batched greedy decoding gives, row by row, the answers of kvpress's one-question-at-a-time pipeline."""
+
+import pytest
+import torch
+from kvpress import AdaKVPress, SnapKVPress
+from transformers import DynamicCache
+
+from evaluate.decoding import DecodeRequest, batchable, greedy_answers
+from evaluate.models import TinyRandomModel
+from evaluate.runner import make_pipeline
+from presses.chunkkv import ChunkKVPress
+
+CONTEXT = "Document 7. The grass is green and the sky is blue. The special magic number is 4242. " * 12
+QUESTIONS = ["What is the magic number? ", "Q? ", "Which colour is the sky, and which one is the grass? "]
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
+def setup(request):
+    """A random model whose greedy answers depend on the cache, and a tokenizer that "decodes" to token ids.
+
+    With the default initialisation a random model repeats one token whatever it reads; large embeddings and
+    layers scaled up threefold give answers that differ from cache to cache, and many near-ties to trip on.
+    """
+    source = TinyRandomModel(architecture=request.param)
+    tokenizer = source.load_tokenizer()
+    model = source.load_model("cpu", "float32", "sdpa")
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if weight.dim() == 2:
+                scale = 1.0 if "embed" in name else 3.0 / weight.shape[1] ** 0.5
+                weight.copy_(torch.randn(weight.shape, generator=generator) * scale)
+    # The byte-level tokenizer decodes most random tokens to U+FFFD: compare the tokens themselves.
+    tokenizer.decode = lambda ids, skip_special_tokens=False: " ".join(str(int(token)) for token in ids)
+    return model, tokenizer, make_pipeline(model, tokenizer, "cpu")
+
+
+def compressed(model, pipe, press) -> tuple[DynamicCache, list[torch.Tensor], int]:
+    tokens = pipe.preprocess(CONTEXT, QUESTIONS, "Answer:", 10**6)
+    cache = DynamicCache()
+    with torch.no_grad(), press(model) if press is not None else torch.no_grad():
+        model.model(input_ids=tokens["context_ids"], past_key_values=cache)
+    return cache, tokens["questions_ids"], tokens["context_ids"].shape[1]
+
+
+def pipeline_answers(pipe, requests: list[DecodeRequest]) -> list[str]:
+    answers = []
+    for request in requests:
+        lengths = [layer.keys.shape[2] for layer in request.cache.layers]
+        with torch.no_grad():
+            answers.append(
+                pipe.generate_answer(
+                    request.question_ids, request.cache, request.context_length, request.max_new_tokens
+                )
+            )
+        pipe._remove_answer_from_cache(request.cache, lengths)
+    return answers
+
+
+def requests_over_points(model, pipe, max_new_tokens: list[int]) -> list[DecodeRequest]:
+    """Every question on caches of four lengths (no press, and three ratios of two presses)."""
+    presses = [None, SnapKVPress(compression_ratio=0.3), ChunkKVPress(SnapKVPress(compression_ratio=0.6), 8)]
+    presses.append(SnapKVPress(compression_ratio=0.85))
+    requests = []
+    for press in presses:
+        cache, questions, context_length = compressed(model, pipe, press)
+        for question, budget in zip(questions, max_new_tokens, strict=True):
+            requests.append(DecodeRequest(cache, question, context_length, budget))
+    return requests
+
+
+@pytest.mark.parametrize("batch_size", [1, 5, 16])
+def test_batched_answers_equal_the_pipelines_one_by_one(setup, batch_size):
+    model, tokenizer, pipe = setup
+    requests = requests_over_points(model, pipe, [40, 1, 17])
+    expected = pipeline_answers(pipe, requests)
+    assert len(set(expected)) >= 8  # the rows really differ
+    assert greedy_answers(model, tokenizer, requests, batch_size) == expected
+
+
+def test_rows_stop_at_their_own_end_token_as_the_pipeline_does(setup, monkeypatch):
+    model, tokenizer, pipe = setup
+    requests = requests_over_points(model, pipe, [30, 30, 30])
+    free = [[int(token) for token in answer.split()] for answer in pipeline_answers(pipe, requests)]
+    # An end token that some rows produce first (which the pipeline does not test) and others mid-answer:
+    # rows leave the batch at different steps.
+    firsts, later = {ids[0] for ids in free}, [set(ids[1:10]) for ids in free]
+    stop = next(token for token in sorted(firsts) if sum(token in tokens for tokens in later) >= 2)
+    monkeypatch.setattr(model.generation_config, "eos_token_id", stop)
+    expected = pipeline_answers(pipe, requests)
+    assert len({len(answer) for answer in expected}) > 1
+    assert greedy_answers(model, tokenizer, requests, 16) == expected
+
+
+def test_decoding_leaves_every_cache_as_it_found_it(setup):
+    model, tokenizer, pipe = setup
+    requests = requests_over_points(model, pipe, [5, 5, 5])
+    before = [[(layer.keys.clone(), layer.values.clone()) for layer in r.cache.layers] for r in requests]
+    greedy_answers(model, tokenizer, requests, 16)
+    for request, layers in zip(requests, before, strict=True):
+        for layer, (keys, values) in zip(request.cache.layers, layers, strict=True):
+            assert torch.equal(layer.keys, keys) and torch.equal(layer.values, values)
+
+
+def test_masked_or_uneven_caches_are_not_batched(setup):
+    model, _, pipe = setup
+    modules = [layer.self_attn for layer in model.model.layers]
+    cache, _, _ = compressed(model, pipe, SnapKVPress(compression_ratio=0.5))
+    assert batchable(cache, modules)
+    cache.layers[0].keys = cache.layers[0].keys[:, :, :-1]
+    assert not batchable(cache, modules)
+    masked, _, _ = compressed(model, pipe, AdaKVPress(SnapKVPress(compression_ratio=0.5)))
+    assert not batchable(masked, modules)
+    for module in modules:
+        module.masked_key_indices = None
