@@ -172,6 +172,10 @@ class TinyRandomModel:
         Seed of the weight initialisation, so two builds are identical.
     hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads, intermediate_size : int
         Shape; the defaults give grouped-query attention (2 query heads per KV head) and head_dim 64.
+    weight_scale : float, optional
+        Redraw the embeddings from N(0, 1) and every other weight matrix from N(0, weight_scale² / fan_in).
+        With the default initialisation a random model repeats one token whatever it reads; with
+        ``weight_scale=3`` its greedy answers depend on the cache, which equality tests of decoding need.
     """
 
     architecture: str = "llama"
@@ -181,6 +185,7 @@ class TinyRandomModel:
     num_attention_heads: int = 4
     num_key_value_heads: int = 2
     intermediate_size: int = 256
+    weight_scale: float | None = None
 
     def load_tokenizer(self):
         return build_tiny_tokenizer()
@@ -207,6 +212,12 @@ class TinyRandomModel:
         with torch.random.fork_rng():
             torch.manual_seed(self.seed)
             model = model_class(config)
+            if self.weight_scale is not None:
+                with torch.no_grad():
+                    for name, weight in model.named_parameters():
+                        if weight.dim() == 2:
+                            scale = 1.0 if "embed" in name else self.weight_scale / weight.shape[1] ** 0.5
+                            weight.normal_(0.0, scale)
         torch_dtype = resolve_dtype(dtype)
         if isinstance(torch_dtype, torch.dtype):
             model = model.to(torch_dtype)

@@ -25,7 +25,7 @@ from transformers.utils import logging as transformers_logging
 
 from evaluate import rundir
 from evaluate.benchmarks import Sample
-from evaluate.decoding import DecodeRequest, batchable, greedy_answers
+from evaluate.decoding import DecodeRequest, greedy_answers, masks_keys_in_place
 from evaluate.runner import (
     Point,
     answer_with_pipeline,
@@ -208,14 +208,14 @@ def answer_with_shared_prefill(points: list[Point], model, tokenizer, max_contex
                     continue
                 pending = Pending(point, group, requests, kept_ratio, context_ids.shape[1], shared_prefill)
                 pending.seconds += time.perf_counter() - point_start
-                if batchable(cache, [layer.self_attn for layer in layers]):
-                    batch.add(pending)
-                else:
-                    # Keys masked on the attention modules (AdaKV) belong to this point alone: decode it now,
-                    # and clear them so that they cannot reach the rows batched later.
+                if masks_keys_in_place([layer.self_attn for layer in layers]):
+                    # The masks on the attention modules belong to this point's cache alone: decode it now, and
+                    # clear them so that they cannot reach the questions decoded later.
                     DecodeBatch(model, tokenizer, 1, progress).add(pending)
                     for layer in layers:
                         layer.self_attn.masked_key_indices = None
+                else:
+                    batch.add(pending)
             batch.flush()
     finally:
         progress.close()

@@ -22,8 +22,12 @@ POINTS = [
 ]
 
 
+# A random model whose answers depend on what each press kept (see TinyRandomModel).
+LIVELY = "+model.source.weight_scale=3.0"
+
+
 def configs(output_dir, *extra):
-    return [with_shared_context(compose_config(output_dir, *point, "limit=null", *extra)) for point in POINTS]
+    return [with_shared_context(compose_config(output_dir, *point, "limit=null", LIVELY, *extra)) for point in POINTS]
 
 
 @pytest.mark.parametrize(("query_aware", "points"), [("false", slice(None)), ("true", slice(0, 4))])
@@ -99,7 +103,7 @@ def test_a_sweep_resumes_each_point_where_it_stopped(tmp_path):
     first = configs(tmp_path)[:4]
     run(first[1])
     partial = run_dir(first[2]) / rundir.PREDICTIONS
-    run(with_shared_context(compose_config(tmp_path, *POINTS[2], "limit=1")))
+    run(with_shared_context(compose_config(tmp_path, *POINTS[2], "limit=1", LIVELY)))
     assert len(partial.read_text().splitlines()) == 2
     run_sweep(first)
     for cfg in first:
