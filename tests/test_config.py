@@ -90,6 +90,12 @@ def test_non_positive_limit_is_refused(tmp_path, model_must_not_load):
         run(compose_config(tmp_path, "limit=0"))
 
 
+def test_decode_batch_size_below_one_is_refused_and_does_not_split_runs(tmp_path, model_must_not_load):
+    with pytest.raises(ConfigError, match="decode_batch_size=0 must be at least 1"):
+        run(compose_config(tmp_path, "decode_batch_size=0"))
+    assert run_name(compose_config(tmp_path, "decode_batch_size=1")) == run_name(compose_config(tmp_path))
+
+
 @pytest.mark.parametrize("press", ["adakv", "chunkkv", "eg_chunkkv", "chunkkv_upstream"])
 def test_presses_that_need_sdpa_are_refused_under_eager(tmp_path, model_must_not_load, press):
     with pytest.raises(ConfigError, match="attn_implementation=eager"):
