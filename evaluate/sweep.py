@@ -6,7 +6,8 @@ ratio: a press compresses a layer's cache after that layer has run, and later la
 the compressed cache. So the prefill runs once per context with hooks that keep what each layer's
 compression needs (its input hidden states, keys, values and forward arguments such as the position
 embeddings), every sweep point builds its compressed cache from that by calling its press's own ``compress``,
-and then decodes its questions exactly as kvpress's pipeline does. Points that cannot share (other presses,
+and the questions of all points on that context are decoded together where their shapes allow
+(evaluate/decoding.py), each answer the one kvpress's pipeline gives. Points that cannot share (other presses,
 eager attention, a lone point) take the normal pipeline path.
 """
 
