@@ -77,6 +77,11 @@ class PrefillCapture:
             handle.remove()
 
 
+def clear_masks(layers) -> None:
+    for layer in layers:
+        layer.self_attn.masked_key_indices = None
+
+
 def compressed_cache(press: BasePress | None, layers, captured: list[tuple]) -> DynamicCache:
     """The cache a prefill under ``press`` would have left, built from the captured layer inputs."""
     cache = DynamicCache()
@@ -99,7 +104,7 @@ class Pending:
     kept_ratio: float
     context_length: int
     prefill_seconds: float
-    seconds: float = 0.0
+    compress_seconds: float
 
 
 class DecodeBatch:
@@ -128,7 +133,7 @@ class DecodeBatch:
             failure = error
         decode_share = (time.perf_counter() - start) / len(requests)
         for p in pending:
-            seconds = p.prefill_seconds + p.seconds + decode_share * len(p.requests)
+            seconds = p.prefill_seconds + p.compress_seconds + decode_share * len(p.requests)
             if failure is None:
                 outcome = [next(answers) for _ in p.requests], p.kept_ratio, p.context_length, None
             else:
@@ -204,17 +209,21 @@ def answer_with_shared_prefill(points: list[Point], model, tokenizer, max_contex
                         for ids in question_ids_for[questions]
                     ]
                 except Exception as failure:
-                    point.record(group, *point.fail(group, failure), shared_prefill, shared_prefill)
+                    # A compression that failed part-way may have left masks on some layers.
+                    clear_masks(layers)
+                    elapsed = time.perf_counter() - point_start
+                    point.record(group, *point.fail(group, failure), shared_prefill, shared_prefill + elapsed)
                     progress.update(len(group))
                     continue
-                pending = Pending(point, group, requests, kept_ratio, context_ids.shape[1], shared_prefill)
-                pending.seconds += time.perf_counter() - point_start
+                compress_seconds = time.perf_counter() - point_start
+                pending = Pending(
+                    point, group, requests, kept_ratio, context_ids.shape[1], shared_prefill, compress_seconds
+                )
                 if masks_keys_in_place([layer.self_attn for layer in layers]):
                     # The masks on the attention modules belong to this point's cache alone: decode it now, and
                     # clear them so that they cannot reach the questions decoded later.
                     DecodeBatch(model, tokenizer, 1, progress).add(pending)
-                    for layer in layers:
-                        layer.self_attn.masked_key_indices = None
+                    clear_masks(layers)
                 else:
                     batch.add(pending)
             batch.flush()

@@ -3,6 +3,7 @@
 import pytest
 import torch
 from hydra.utils import instantiate
+from kvpress import AdaKVPress
 from transformers import DynamicCache
 
 from evaluate import rundir, runner
@@ -108,3 +109,29 @@ def test_a_sweep_resumes_each_point_where_it_stopped(tmp_path):
     run_sweep(first)
     for cfg in first:
         assert len(rundir.read_predictions(run_dir(cfg) / rundir.PREDICTIONS)) == 9
+
+
+def test_masks_of_a_compression_that_failed_part_way_do_not_reach_other_points(tmp_path, monkeypatch):
+    """AdaKV fails on its second layer, after masking the first; the points batched before it are unaffected."""
+    compress = AdaKVPress.compress
+
+    def fail_on_second_layer(self, module, *args):
+        keys_values = compress(self, module, *args)
+        if module.layer_idx == 1:
+            raise RuntimeError("no fake keys")
+        return keys_values
+
+    swept = [POINTS[1], POINTS[3], ("press=adakv", "scorer=snapkv", "cr=0.6")]
+    separate = [with_shared_context(compose_config(tmp_path / "separate", *p, "limit=null", LIVELY)) for p in swept]
+    expected = [run(cfg) for cfg in separate[:2]]
+    monkeypatch.setattr(AdaKVPress, "compress", fail_on_second_layer)
+    metrics = run_sweep(
+        [with_shared_context(compose_config(tmp_path / "sweep", *p, "limit=null", LIVELY)) for p in swept]
+    )
+    assert metrics[:2] == expected
+    for cfg in separate[:2]:
+        swept_predictions = tmp_path / "sweep" / run_dir(cfg).name / rundir.PREDICTIONS
+        assert swept_predictions.read_text() == (run_dir(cfg) / rundir.PREDICTIONS).read_text()
+    adakv = with_shared_context(compose_config(tmp_path / "sweep", *swept[2], "limit=null", LIVELY))
+    failed = run_dir(adakv) / rundir.PREDICTIONS
+    assert [row["error"] for row in rundir.read_predictions(failed)] == ["RuntimeError: no fake keys"] * 9
