@@ -8,7 +8,10 @@ import json
 import logging
 from pathlib import Path
 
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
+
+from evaluate import registry
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +47,12 @@ def effective_cr(cfg: DictConfig) -> float:
     return float(cfg.cr) if cfg.press.compresses else 0.0
 
 
+def method_name(cfg: DictConfig) -> str:
+    """The run's method: kvpress's registry name where the press is that entry (evaluate/registry.py)."""
+    press = instantiate(cfg.press.press) if cfg.press.compresses else None
+    return registry.method_name(cfg.press.method, press)
+
+
 def validate(cfg: DictConfig) -> None:
     """Refuse configurations kvpress cannot run, each with a one-line reason."""
     if not 0 <= cfg.cr < 1:
@@ -64,7 +73,7 @@ def validate(cfg: DictConfig) -> None:
         return
     if cfg.press.needs_non_eager and cfg.attn_implementation == "eager":
         raise ConfigError(
-            f"press {cfg.press.method} cannot run with attn_implementation=eager "
+            f"press {method_name(cfg)} cannot run with attn_implementation=eager "
             "(kvpress's ChunkKV/AdaKV need sdpa or flash attention); use attn_implementation=sdpa"
         )
     if cfg.scorer.get("needs_eager", False) and cfg.attn_implementation != "eager":
@@ -105,7 +114,7 @@ def fingerprint(cfg: DictConfig) -> str:
 
 def run_name(cfg: DictConfig) -> str:
     """Readable run directory name; the suffix hashes every result-changing key the name leaves out."""
-    parts = [cfg.benchmark.name, cfg.model.name, cfg.press.method, f"cr{effective_cr(cfg):.2f}"]
+    parts = [cfg.benchmark.name, cfg.model.name, method_name(cfg), f"cr{effective_cr(cfg):.2f}"]
     if cfg.query_aware:
         parts.append("query_aware")
     parts.append(fingerprint(cfg)[:6])

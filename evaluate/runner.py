@@ -30,11 +30,13 @@ from evaluate.config import (
     ConfigError,
     effective_cr,
     fingerprint,
+    method_name,
     resolve_device,
     run_dir,
     validate,
     validate_context_lengths,
 )
+from evaluate.layer_masks import fit_masks_to_layers
 from evaluate.score import score_rows
 from evaluate.tables import format_task_table
 from evaluate.tracking import Tracker
@@ -173,7 +175,7 @@ def _prepare_directory(out: Path, cfg: DictConfig, run_fingerprint: str) -> None
 
 def _config_record(cfg: DictConfig, run_fingerprint: str, press, device: str) -> dict:
     return {
-        "method": cfg.press.method,
+        "method": method_name(cfg),
         "compression_ratio": effective_cr(cfg),
         "fingerprint": run_fingerprint,
         "press": repr(press),
@@ -275,8 +277,14 @@ def load_tokenizer(source):
 
 
 def load_model(source, device: str, dtype: str, attn_implementation: str):
-    key = (repr(source), device, dtype, attn_implementation)
-    return _reuse("model", key, lambda: source.load_model(device, dtype, attn_implementation))
+    """The model, with attention masks fitted to each layer's cache (kvpress's ChunkKV leaves uneven layers)."""
+
+    def load():
+        model = source.load_model(device, dtype, attn_implementation)
+        fit_masks_to_layers(model)
+        return model
+
+    return _reuse("model", (repr(source), device, dtype, attn_implementation), load)
 
 
 class Point:

@@ -15,11 +15,25 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.\n"
 
 
-def expected_kept(press: str, context_length: int, cr: float) -> int:
-    """KV pairs each layer keeps on average, as each press defines its budget."""
-    if press in ("chunkkv", "eg_chunkkv"):
-        return max(1, int(context_length * (1 - cr)))
-    return compute_n_kept(context_length, cr)
+def kept_bounds(press: str, context_length: int, cr: float) -> tuple[int, int]:
+    """Fewest and most KV pairs a layer keeps, as each press defines its budget (equal for exact budgets)."""
+    if press in ("chunkkv_exact", "eg_chunkkv"):
+        n_kept = max(1, int(context_length * (1 - cr)))
+        return n_kept, n_kept
+    if press == "chunkkv":
+        # kvpress's ChunkKVPress (chunk_length 10): int(n_chunks * (1 - cr)) whole chunks, the tail chunk among them.
+        n_chunks, tail = -(-context_length // 10), context_length % 10
+        n_whole = max(1, int(n_chunks * (1 - cr)))
+        return (10 * (n_whole - 1) + tail if tail else 10 * n_whole), 10 * n_whole
+    n_kept = compute_n_kept(context_length, cr)
+    return n_kept, n_kept
+
+
+def assert_kept(press: str, row: dict, cr: float) -> None:
+    """The row's measured kept pairs (a mean over layers and heads) lie within the press's budget."""
+    low, high = kept_bounds(press, row["context_length"], cr)
+    kept = row["kept_ratio"] * row["context_length"]
+    assert low - 1e-6 <= kept <= high + 1e-6, (press, row["context_length"], kept, low, high)
 
 
 def compose_config(output_dir: Path, *overrides: str):

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from hydra.errors import MissingConfigException
 
-from evaluate.config import ConfigError, fingerprint, run_name
+from evaluate.config import ConfigError, fingerprint, method_name, run_name
 from evaluate.models import TinyRandomModel
 from evaluate.runner import run
 from tests.support import compose_config, with_shared_context
@@ -32,11 +32,11 @@ def model_must_not_load(monkeypatch):
         ("adakv", "snapkv", "adakv_snapkv"),
         ("chunkkv", "knorm", "chunkkv_knorm"),
         ("eg_chunkkv", "snapkv", "eg_chunkkv_snapkv"),
-        ("chunkkv_upstream", "snapkv", "chunkkv_upstream_snapkv"),
+        ("chunkkv_exact", "snapkv", "chunkkv_exact_snapkv"),
     ],
 )
 def test_method_names(tmp_path, press, scorer, method):
-    assert compose_config(tmp_path, f"press={press}", f"scorer={scorer}").press.method == method
+    assert method_name(compose_config(tmp_path, f"press={press}", f"scorer={scorer}")) == method
 
 
 def test_default_configuration_is_smollm2_ruler_synth_snapkv(tmp_path):
@@ -96,7 +96,7 @@ def test_decode_batch_size_below_one_is_refused_and_does_not_split_runs(tmp_path
     assert run_name(compose_config(tmp_path, "decode_batch_size=1")) == run_name(compose_config(tmp_path))
 
 
-@pytest.mark.parametrize("press", ["adakv", "chunkkv", "eg_chunkkv", "chunkkv_upstream"])
+@pytest.mark.parametrize("press", ["adakv", "chunkkv", "eg_chunkkv", "chunkkv_exact"])
 def test_presses_that_need_sdpa_are_refused_under_eager(tmp_path, model_must_not_load, press):
     with pytest.raises(ConfigError, match="attn_implementation=eager"):
         run(compose_config(tmp_path, f"press={press}", "attn_implementation=eager"))

@@ -8,7 +8,7 @@ from transformers import DynamicCache
 from evaluate.decoding import DecodeRequest, greedy_answers, masks_keys_in_place
 from evaluate.models import TinyRandomModel
 from evaluate.runner import make_pipeline
-from presses.chunkkv import ChunkKVPress
+from presses.chunkkv_exact import ExactChunkKVPress
 
 CONTEXT = "Document 7. The grass is green and the sky is blue. The special magic number is 4242. " * 12
 # The first two have the same length in tokens (the tokenizer is byte-level), so they batch with each other.
@@ -53,10 +53,10 @@ def requests_over_points(model, pipe, max_new_tokens: list[int]) -> list[DecodeR
     presses = [
         None,
         SnapKVPress(compression_ratio=0.5),
-        ChunkKVPress(SnapKVPress(compression_ratio=0.5), 8),
+        ExactChunkKVPress(SnapKVPress(compression_ratio=0.5), 8),
         KnormPress(compression_ratio=0.5),
         SnapKVPress(compression_ratio=0.8),
-        ChunkKVPress(KnormPress(compression_ratio=0.8), 8),
+        ExactChunkKVPress(KnormPress(compression_ratio=0.8), 8),
     ]
     requests = []
     for press in presses:

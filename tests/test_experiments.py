@@ -12,13 +12,15 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from evaluate import rundir
-from evaluate.config import effective_cr, run_dir
+from evaluate.config import effective_cr, method_name, run_dir
 from hydra_plugins.pressbench_gpus_launcher.grids_sweeper import GridsSweeper, expand
 from tests.support import CONF_DIR
 
 REPO = Path(__file__).resolve().parent.parent
 LLAMA, QWEN, SMOLLM = "Llama-3.1-8B-Instruct", "Qwen3-8B", "smollm2-135m"
 CHUNK_PRESSES = ("chunkkv", "eg_chunkkv")
+# The PR preset adds ChunkKV at EG-ChunkKV's exact budget as a control row.
+PR_CHUNK_PRESSES = ("chunkkv", "chunkkv_exact", "eg_chunkkv")
 
 
 def preset_jobs(name: str, *arguments: str) -> list[list[str]]:
@@ -39,7 +41,7 @@ def compose_jobs(jobs: list[list[str]]) -> list:
 
 
 def point(cfg) -> tuple:
-    return cfg.benchmark.name, cfg.model.name, cfg.press.method, effective_cr(cfg), cfg.query_aware
+    return cfg.benchmark.name, cfg.model.name, method_name(cfg), effective_cr(cfg), cfg.query_aware
 
 
 def check_expansion(name: str, expected: set[tuple]) -> list:
@@ -50,7 +52,7 @@ def check_expansion(name: str, expected: set[tuple]) -> list:
     # run_sweep refuses two jobs on one run directory; the preset never asks for that.
     assert len({run_dir(cfg) for cfg in cfgs}) == len(cfgs)
     for cfg in cfgs:
-        if cfg.press.method.startswith("eg_chunkkv"):
+        if method_name(cfg).startswith("eg_chunkkv"):
             # The PR's rescue size.
             assert cfg.press.press.low_entropy_chunk_length == 4
     return cfgs
@@ -60,16 +62,18 @@ def test_eg_chunkkv_pr_is_the_prs_grid_on_llama():
     expected = (
         {
             (benchmark, LLAMA, f"{press}_snapkv", cr, False)
-            for benchmark, press, cr in product(("longbench", "loogle"), CHUNK_PRESSES, (0.7, 0.8, 0.9))
+            for benchmark, press, cr in product(("longbench", "loogle"), PR_CHUNK_PRESSES, (0.7, 0.8, 0.9))
         }
         | {
             ("ruler", LLAMA, f"{press}_{scorer}", cr, False)
-            for press, scorer, cr in product(CHUNK_PRESSES, ("snapkv", "expected_attention", "tova"), (0.85, 0.9, 0.95))
+            for press, scorer, cr in product(
+                PR_CHUNK_PRESSES, ("snapkv", "expected_attention", "tova"), (0.85, 0.9, 0.95)
+            )
         }
         | {(benchmark, LLAMA, "no_press", 0.0, False) for benchmark in ("longbench", "loogle", "ruler")}
     )
     cfgs = check_expansion("eg_chunkkv_pr", expected)
-    assert len(cfgs) == 33
+    assert len(cfgs) == 48
     for cfg in cfgs:
         assert cfg.limit is None and cfg.model.source.name_or_path == "meta-llama/Llama-3.1-8B-Instruct"
         if cfg.press.compresses:
@@ -79,7 +83,7 @@ def test_eg_chunkkv_pr_is_the_prs_grid_on_llama():
 
 
 def test_dropkv_leaderboard_is_ruler_query_aware_on_both_leaderboard_models():
-    methods = ("dropkv", "adakv_dropkv", "snapkv", "adakv_snapkv", "chunkkv_snapkv")
+    methods = ("dropkv", "adakv_dropkv", "snapkv", "adakv_snapkv", "chunkkv")
     expected = {
         ("ruler", model, method, cr, True)
         for model, method, cr in product((QWEN, LLAMA), methods, (0.25, 0.5, 0.75, 0.875))
@@ -88,9 +92,9 @@ def test_dropkv_leaderboard_is_ruler_query_aware_on_both_leaderboard_models():
     assert len(cfgs) == 42
     for cfg in cfgs:
         assert cfg.limit is None and cfg.benchmark.data_dir == "4096"
-        if cfg.press.method == "chunkkv_snapkv":
-            # The leaderboard's ChunkKVPress(SnapKVPress(), chunk_length=20).
-            assert cfg.press.press.chunk_length == 20
+        if method_name(cfg) == "chunkkv":
+            # The leaderboard's ChunkKVPress(SnapKVPress(), chunk_length=20), kvpress's class.
+            assert cfg.press.press.chunk_length == 20 and cfg.press.press._target_ == "kvpress.ChunkKVPress"
         if cfg.press.method.endswith("dropkv"):
             assert cfg.scorer.press._target_ == "scorers.dropkv.DropKVPress"
 
@@ -104,7 +108,7 @@ def test_smoke_has_both_presets_shapes_on_the_embedded_model():
         }
         | {
             ("ruler_synth", SMOLLM, method, 0.875, True)
-            for method in ("dropkv", "adakv_dropkv", "snapkv", "adakv_snapkv", "chunkkv_snapkv")
+            for method in ("dropkv", "adakv_dropkv", "snapkv", "adakv_snapkv", "chunkkv")
         }
         | {("ruler_synth", SMOLLM, "no_press", 0.0, query_aware) for query_aware in (False, True)}
     )
@@ -113,15 +117,19 @@ def test_smoke_has_both_presets_shapes_on_the_embedded_model():
     for cfg in cfgs:
         assert cfg.limit == 1 and list(cfg.benchmark.tasks) == ["niah_single_1", "fwe"]
         assert cfg.benchmark.max_seq_length == 1024
-        if cfg.press.method == "chunkkv_snapkv" and cfg.query_aware:
-            assert cfg.press.press.chunk_length == 20
+        if cfg.query_aware and cfg.press.compresses and cfg.press.press._target_ == "kvpress.ChunkKVPress":
+            assert method_name(cfg) == "chunkkv" and cfg.press.press.chunk_length == 20
 
 
 def test_command_line_values_replace_the_grids_values():
     cfgs = compose_jobs(preset_jobs("eg_chunkkv_pr", "cr=0.9", "benchmark=ruler"))
-    # Every grid collapses onto RULER at cr 0.9: 2 presses x 3 scorers, and no_press, once.
+    # Every grid collapses onto RULER at cr 0.9: 3 presses x 3 scorers, and no_press, once.
     assert sorted(point(cfg)[2:4] for cfg in cfgs) == sorted(
-        [(f"{press}_{scorer}", 0.9) for press in CHUNK_PRESSES for scorer in ("expected_attention", "snapkv", "tova")]
+        [
+            (f"{press}_{scorer}", 0.9)
+            for press in PR_CHUNK_PRESSES
+            for scorer in ("expected_attention", "snapkv", "tova")
+        ]
         + [("no_press", 0.0)]
     )
 

@@ -13,7 +13,7 @@ from evaluate.runner import run
 from evaluate.sweep import PrefillCapture, compressed_cache, run_sweep, shares_prefill
 from tests.support import compose_config, with_shared_context
 
-PRESSES = ("topk", "chunkkv", "eg_chunkkv", "adakv")
+PRESSES = ("topk", "chunkkv", "chunkkv_exact", "eg_chunkkv", "adakv")
 
 POINTS = [
     ("press=none", "cr=0"),

@@ -1,4 +1,4 @@
-"""ChunkKV with an exact, layer-independent budget."""
+"""ChunkKV with EG-ChunkKV's exact budget in every layer (``press=chunkkv_exact``)."""
 
 from dataclasses import dataclass
 
@@ -8,7 +8,7 @@ from torch import nn
 
 
 @dataclass
-class ChunkKVPress(UpstreamChunkKVPress):
+class ExactChunkKVPress(UpstreamChunkKVPress):
     """ChunkKV (https://arxiv.org/abs/2502.00299) that keeps the same number of tokens in every layer.
 
     Token scores from the inner scorer are summed over heads; each chunk of ``chunk_length`` consecutive
@@ -17,11 +17,11 @@ class ChunkKVPress(UpstreamChunkKVPress):
     ``max(1, floor((1 - compression_ratio) * kv_len))`` tokens: the budget of EntropyGatedChunkKVPress, which
     makes the two directly comparable.
 
-    Differences from kvpress's ``ChunkKVPress``: upstream keeps ``int(n_chunks * (1 - compression_ratio))``
-    whole chunks, so whether the shorter trailing chunk is among them changes from layer to layer. Layers
-    then hold caches of different lengths, and under sdpa on transformers 5.x a multi-token question fails
-    with a tensor size mismatch. Upstream also falls back to the bare scorer when the context is shorter than
-    one chunk; here such a context is one (partial) chunk like any other.
+    Differences from kvpress's ``ChunkKVPress`` (``press=chunkkv``, the press behind published numbers): upstream
+    keeps ``int(n_chunks * (1 - compression_ratio))`` whole chunks, so it keeps up to a chunk more or less than
+    this budget, and whether the shorter trailing chunk is among them changes from layer to layer. Upstream also
+    falls back to the bare scorer when the context is shorter than one chunk; here such a context is one
+    (partial) chunk like any other. EG-ChunkKV minus this press is the entropy gate alone at an equal budget.
 
     Parameters
     ----------

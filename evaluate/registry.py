@@ -1,0 +1,167 @@
+"""kvpress's method names: the names the leaderboard and every paper table use, and the presses they mean.
+
+``PRESS_REGISTRY`` lists the entries of kvpress 0.5.5's ``evaluation/evaluate_registry.py`` with their constructor
+arguments; each builds kvpress's own objects. A PressBench configuration carries a registry name exactly when its
+press equals that entry: same classes all the way down and the same constructor arguments, except the knobs
+kvpress's runner sets itself (the compression ratio and its relatives, below). A configuration whose own name is
+a registry name but whose press differs (``press=topk scorer=expected_attention`` is not the registry's
+``expected_attention``, which is ``AdaKVPress(ExpectedAttentionPress(epsilon=1e-2))``) is renamed with the
+``_variant`` suffix, so that no table or export can mistake it for the entry.
+"""
+
+from collections.abc import Callable
+from dataclasses import fields, is_dataclass
+from functools import cache
+
+import torch
+from kvpress import (
+    AdaKVPress,
+    BasePress,
+    BlockPress,
+    CAMPress,
+    ChunkKVPress,
+    CompactorPress,
+    ComposedPress,
+    CriticalAdaKVPress,
+    CriticalKVPress,
+    CURPress,
+    DecodingPress,
+    DMSPress,
+    DuoAttentionPress,
+    ExpectedAttentionPress,
+    FastKVzipPress,
+    FinchPress,
+    KeyDiffPress,
+    KnormPress,
+    KVComposePress,
+    KVzapPress,
+    KVzipPress,
+    LagKVPress,
+    LUKVPress,
+    MergingPress,
+    ObservedAttentionPress,
+    PyramidKVPress,
+    QFilterPress,
+    RandomPress,
+    SnapKVPress,
+    StreamingLLMPress,
+    ThinKPress,
+    TOVAPress,
+)
+
+VARIANT_SUFFIX = "_variant"
+
+# Set by kvpress's runner from its command line (compression_ratio, ThinK's key_channel_compression_ratio, DMS's
+# threshold, DuoAttention's head_compression_ratio, DecodingPress's interval and target size): they are the
+# sweep axes, not part of what a name means.
+RUNNER_KNOBS = frozenset(
+    {
+        "compression_ratio",
+        "key_channel_compression_ratio",
+        "threshold",
+        "head_compression_ratio",
+        "compression_interval",
+        "target_size",
+        "hidden_states_buffer_size",
+    }
+)
+
+PRESS_REGISTRY: dict[str, Callable[[], BasePress | None]] = {
+    "adakv_snapkv": lambda: AdaKVPress(SnapKVPress()),
+    "block_keydiff": lambda: BlockPress(press=KeyDiffPress(), block_size=128),
+    "chunkkv": lambda: ChunkKVPress(press=SnapKVPress(), chunk_length=20),
+    "critical_adakv_expected_attention": lambda: CriticalAdaKVPress(ExpectedAttentionPress(use_vnorm=False)),
+    "critical_adakv_snapkv": lambda: CriticalAdaKVPress(SnapKVPress()),
+    "critical_expected_attention": lambda: CriticalKVPress(ExpectedAttentionPress(use_vnorm=False)),
+    "critical_snapkv": lambda: CriticalKVPress(SnapKVPress()),
+    "cur": lambda: CURPress(),
+    "duo_attention": lambda: DuoAttentionPress(),
+    "duo_attention_on_the_fly": lambda: DuoAttentionPress(on_the_fly_scoring=True),
+    "expected_attention": lambda: AdaKVPress(ExpectedAttentionPress(epsilon=1e-2)),
+    "fastkvzip": lambda: FastKVzipPress(),
+    "finch": lambda: FinchPress(),
+    "keydiff": lambda: KeyDiffPress(),
+    "kvcompose": lambda: KVComposePress(),
+    "kvcompose_unstructured": lambda: KVComposePress(structured=False),
+    "kvzip": lambda: KVzipPress(),
+    "kvzip_plus": lambda: KVzipPress(kvzip_plus_normalization=True),
+    "kvzap_linear": lambda: DMSPress(press=KVzapPress(model_type="linear")),
+    "kvzap_mlp": lambda: DMSPress(press=KVzapPress(model_type="mlp")),
+    "kvzap_mlp_head": lambda: KVzapPress(model_type="mlp"),
+    "kvzap_mlp_layer": lambda: AdaKVPress(KVzapPress(model_type="mlp")),
+    "lagkv": lambda: LagKVPress(),
+    "lukv": lambda: LUKVPress(ExpectedAttentionPress(epsilon=2e-2), sink=4, window=1),
+    "knorm": lambda: KnormPress(),
+    "observed_attention": lambda: ObservedAttentionPress(),
+    "pyramidkv": lambda: PyramidKVPress(),
+    "qfilter": lambda: QFilterPress(),
+    "random": lambda: RandomPress(),
+    "snap_think": lambda: ComposedPress([SnapKVPress(), ThinKPress()]),
+    "snapkv": lambda: SnapKVPress(),
+    "streaming_llm": lambda: StreamingLLMPress(),
+    "think": lambda: ThinKPress(),
+    "tova": lambda: TOVAPress(),
+    "compactor": lambda: CompactorPress(),
+    "adakv_compactor": lambda: AdaKVPress(CompactorPress()),
+    "no_press": lambda: None,
+    "cam_streaming_llm": lambda: CAMPress(base_press=StreamingLLMPress()),
+    "cam_knorm": lambda: CAMPress(base_press=KnormPress()),
+    "cam_adakv_snapkv": lambda: CAMPress(base_press=AdaKVPress(SnapKVPress())),
+    "cam_tova": lambda: CAMPress(base_press=TOVAPress()),
+    "decoding_knorm": lambda: DecodingPress(base_press=KnormPress()),
+    "decoding_streaming_llm": lambda: DecodingPress(base_press=StreamingLLMPress()),
+    "decoding_tova": lambda: DecodingPress(base_press=TOVAPress()),
+    "decoding_qfilter": lambda: DecodingPress(base_press=QFilterPress()),
+    "decoding_adakv_expected_attention_e2": lambda: DecodingPress(
+        base_press=AdaKVPress(ExpectedAttentionPress(epsilon=1e-2))
+    ),
+    "decoding_adakv_snapkv": lambda: DecodingPress(base_press=AdaKVPress(SnapKVPress())),
+    "decoding_keydiff": lambda: DecodingPress(base_press=KeyDiffPress()),
+    "merging_knorm": lambda: MergingPress(KnormPress()),
+    "merging_snapkv": lambda: MergingPress(SnapKVPress()),
+    "merging_expected_attention": lambda: MergingPress(ExpectedAttentionPress(epsilon=1e-2)),
+    "merging_kvzap_mlp": lambda: MergingPress(KVzapPress(model_type="mlp")),
+}
+
+
+def same_press(first: object, second: object) -> bool:
+    """Whether two presses (or constructor values) are built alike: same classes, same arguments but the knobs."""
+    if type(first) is not type(second):
+        return False
+    if isinstance(first, (list, tuple)):
+        return len(first) == len(second) and all(map(same_press, first, second))
+    if is_dataclass(first):
+        return all(
+            same_press(getattr(first, field.name), getattr(second, field.name))
+            for field in fields(first)
+            if field.init and field.name not in RUNNER_KNOBS
+        )
+    if isinstance(first, torch.Tensor):
+        return torch.equal(first, second)
+    return first == second
+
+
+@cache
+def _entries() -> tuple[tuple[str, BasePress | None], ...]:
+    # Built once: the entries are only compared with, never run.
+    return tuple((name, build()) for name, build in PRESS_REGISTRY.items())
+
+
+def registry_name(press: BasePress | None) -> str | None:
+    """The registry entry ``press`` equals, if any."""
+    return next((name for name, entry in _entries() if same_press(press, entry)), None)
+
+
+def method_name(harness_name: str, press: BasePress | None) -> str:
+    """The name a run is known by: the registry's where the press is an entry, never an entry's name otherwise."""
+    entry = registry_name(press)
+    if entry is not None:
+        return entry
+    if harness_name in PRESS_REGISTRY:
+        return harness_name + VARIANT_SUFFIX
+    return harness_name
+
+
+def is_variant(method: str) -> bool:
+    """A run named after a registry entry whose press is not that entry."""
+    return method.endswith(VARIANT_SUFFIX) and method.removesuffix(VARIANT_SUFFIX) in PRESS_REGISTRY
