@@ -4,6 +4,7 @@ Everything here runs before the model loads, so a bad run fails in the first sec
 """
 
 import hashlib
+import importlib.util
 import json
 import logging
 from pathlib import Path
@@ -15,7 +16,9 @@ from evaluate import registry
 
 logger = logging.getLogger(__name__)
 
-TRUNCATION_POLICIES = ("head", "middle")
+# pipeline: kvpress's pipeline cuts the templated context's tokens at max_context_length (else the tokenizer's
+# model_max_length), as every published number was run; head/middle: the harness cuts the raw context beforehand.
+TRUNCATION_POLICIES = ("pipeline", "head", "middle")
 
 # Keys that never change a prediction: where results go, how many samples, which device runs them.
 NON_RESULT_KEYS = (
@@ -47,6 +50,16 @@ def effective_cr(cfg: DictConfig) -> float:
     return float(cfg.cr) if cfg.press.compresses else 0.0
 
 
+def attention_implementation(cfg: DictConfig) -> str:
+    """The attention the model runs: as given, or kvpress's rule when null (flash_attention_2 on CUDA when
+    ``flash_attn`` is installed, else the transformers default, sdpa)."""
+    if cfg.attn_implementation is not None:
+        return cfg.attn_implementation
+    if resolve_device(cfg.device).startswith("cuda") and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return "sdpa"
+
+
 def method_name(cfg: DictConfig) -> str:
     """The run's method: kvpress's registry name where the press is that entry (evaluate/registry.py)."""
     press = instantiate(cfg.press.press) if cfg.press.compresses else None
@@ -71,12 +84,12 @@ def validate(cfg: DictConfig) -> None:
         logger.warning("press=none compresses nothing: cr=%s is ignored and the run is recorded at cr=0", cfg.cr)
     if not cfg.press.compresses:
         return
-    if cfg.press.needs_non_eager and cfg.attn_implementation == "eager":
+    if cfg.press.needs_non_eager and attention_implementation(cfg) == "eager":
         raise ConfigError(
             f"press {method_name(cfg)} cannot run with attn_implementation=eager "
             "(kvpress's ChunkKV/AdaKV need sdpa or flash attention); use attn_implementation=sdpa"
         )
-    if cfg.scorer.get("needs_eager", False) and cfg.attn_implementation != "eager":
+    if cfg.scorer.get("needs_eager", False) and attention_implementation(cfg) != "eager":
         raise ConfigError(
             f"scorer {cfg.scorer.name} reads the attention weights, which only eager attention returns; "
             "use attn_implementation=eager"
@@ -100,6 +113,8 @@ def result_config(cfg: DictConfig) -> dict:
     for key in NON_RESULT_KEYS:
         resolved.pop(key, None)
     resolved["cr"] = effective_cr(cfg)
+    # What actually runs, so that a run on flash attention never resumes one on sdpa.
+    resolved["attn_implementation"] = attention_implementation(cfg)
     if not cfg.press.compresses:
         # Without compression the scorer is never used, so its choice must not split runs.
         resolved.pop("scorer", None)

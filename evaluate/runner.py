@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from importlib.metadata import version
 from pathlib import Path
 
-import numpy as np
+import pandas as pd
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
@@ -28,6 +28,7 @@ from evaluate import rundir
 from evaluate.benchmarks import Sample
 from evaluate.config import (
     ConfigError,
+    attention_implementation,
     effective_cr,
     fingerprint,
     method_name,
@@ -184,7 +185,8 @@ def _config_record(cfg: DictConfig, run_fingerprint: str, press, device: str) ->
             "python": sys.version.split()[0],
             **{name: version(name) for name in ("torch", "transformers", "kvpress", "pressbench")},
         },
-        "config": OmegaConf.to_container(cfg, resolve=True),
+        # The attention that ran, where the config left it to kvpress's rule (null).
+        "config": {**OmegaConf.to_container(cfg, resolve=True), "attn_implementation": attention_implementation(cfg)},
     }
 
 
@@ -224,12 +226,47 @@ def check_samples(samples: list[Sample]) -> list[Sample]:
     ]
 
 
-def select_fraction(samples: list[Sample], fraction: float, seed: int) -> list[Sample]:
-    """A random share of the samples, as kvpress's ``fraction`` (pandas ``sample(frac, random_state)``)."""
+def select_fraction(samples: list[Sample], fraction: float, seed: int, by_task: bool) -> list[Sample]:
+    """kvpress's ``fraction``: pandas ``sample(frac=fraction, random_state=seed)`` of each data_dir's rows.
+
+    kvpress loads one data_dir at a time, one per task for LongBench and LOOGLE (``by_task``), the whole split
+    for RULER; pandas draws the rows from the frame's length and the seed alone, so drawing positions from a frame
+    of the same length in the same source order picks the same rows. Samples keep their source order.
+    """
     if fraction >= 1:
         return samples
-    chosen = np.random.RandomState(seed).choice(len(samples), size=round(fraction * len(samples)), replace=False)
-    return [samples[index] for index in sorted(chosen)]
+    frames: dict[str, list[Sample]] = {}
+    for sample in samples:
+        frames.setdefault(sample.task if by_task else "", []).append(sample)
+    chosen: set[str] = set()
+    for frame in frames.values():
+        positions = pd.DataFrame({"position": range(len(frame))}).sample(frac=fraction, random_state=seed)["position"]
+        chosen.update(frame[position].id for position in positions)
+    return [sample for sample in samples if sample.id in chosen]
+
+
+def first_per_task(samples: list[Sample], limit: int | None) -> list[Sample]:
+    """At most ``limit`` samples of each task, in source order."""
+    if limit is None:
+        return samples
+    counts: dict[str, int] = {}
+    kept = []
+    for sample in samples:
+        counts[sample.task] = counts.get(sample.task, 0) + 1
+        if counts[sample.task] <= limit:
+            kept.append(sample)
+    return kept
+
+
+def load_samples(benchmark, tokenizer, cfg: DictConfig) -> list[Sample]:
+    """The run's samples: the drawn ``fraction`` of each data_dir's rows, then at most ``limit`` per task."""
+    if cfg.fraction >= 1:
+        return check_samples(benchmark.load(tokenizer, cfg.limit))
+    # The draw needs every row of the frame kvpress would sample from; the limit applies to what was drawn.
+    drawn = select_fraction(
+        check_samples(benchmark.load(tokenizer, None)), cfg.fraction, cfg.seed, benchmark.fraction_by_task
+    )
+    return first_per_task(drawn, cfg.limit)
 
 
 def truncate(tokenizer, text: str, max_tokens: int, policy: str) -> str:
@@ -307,7 +344,7 @@ class Point:
         self.tracker = Tracker()
         run_fingerprint = fingerprint(cfg)
         _prepare_directory(self.out, cfg, run_fingerprint)
-        samples = select_fraction(check_samples(self.benchmark.load(tokenizer, cfg.limit)), cfg.fraction, cfg.seed)
+        samples = load_samples(self.benchmark, tokenizer, cfg)
         self.context_tokens = {s.context: len(tokenizer.encode(s.context, add_special_tokens=False)) for s in samples}
         question_tokens = max(len(tokenizer.encode(s.question, add_special_tokens=False)) for s in samples)
         validate_context_lengths(cfg, min(self.context_tokens.values()) + (question_tokens if cfg.query_aware else 0))
@@ -332,25 +369,47 @@ class Point:
         self._write_run("running")
         self.tracker = Tracker.from_config(cfg, self.out.name)
 
-    def max_context(self, model) -> int:
-        """The context budget in tokens; counts and reports the samples that exceed it."""
-        max_context = self.cfg.max_context_length or model.config.max_position_embeddings
-        self.truncated = sum(self.context_tokens[sample.context] > max_context for sample in self.samples)
+    def max_context(self, model, tokenizer) -> int:
+        """The context budget in tokens; counts and reports the samples that exceed it.
+
+        ``truncation=pipeline`` (kvpress's rule): the pipeline cuts the chat-templated context (with the question
+        appended in query-aware runs) at ``max_context_length``, else at the tokenizer's ``model_max_length``.
+        ``head``/``middle``: the harness cuts the raw context at ``max_context_length``, else at the model's
+        ``max_position_embeddings``, before the pipeline sees it.
+        """
+        cfg = self.cfg
+        if cfg.truncation == "pipeline":
+            max_context = cfg.max_context_length or pipeline_max_context_length(tokenizer)
+            length = templated_context_length(make_pipeline(model, tokenizer, self.device), tokenizer)
+            self.truncated = sum(
+                length(self.compressed_text(sample), sample.chat_template) > max_context for sample in self.samples
+            )
+        else:
+            max_context = cfg.max_context_length or model.config.max_position_embeddings
+            self.truncated = sum(self.context_tokens[sample.context] > max_context for sample in self.samples)
         if self.truncated:
             logger.warning(
                 "%d of %d samples have contexts longer than %d tokens and are truncated (truncation=%s)",
                 self.truncated,
                 len(self.samples),
                 max_context,
-                self.cfg.truncation,
+                cfg.truncation,
             )
         return max_context
 
+    def compressed_text(self, sample: Sample) -> str:
+        """What the press compresses: the context, with the question appended in query-aware runs (as kvpress)."""
+        return sample.context + sample.question if self.cfg.query_aware else sample.context
+
     def context(self, sample: Sample, tokenizer, max_context: int) -> str:
-        """The sample's context as the model sees it; only over-long contexts are tokenized again to cut them."""
-        if self.context_tokens[sample.context] <= max_context:
+        """The sample's context as the pipeline receives it; only the harness's own policies cut it here."""
+        if self.cfg.truncation == "pipeline" or self.context_tokens[sample.context] <= max_context:
             return sample.context
         return truncate(tokenizer, sample.context, max_context, self.cfg.truncation)
+
+    def pipeline_budget(self, tokenizer, max_context: int) -> int:
+        """The ``max_context_length`` handed to kvpress's pipeline."""
+        return max_context if self.cfg.truncation == "pipeline" else pipeline_max_context_length(tokenizer)
 
     def groups(self) -> list[list[Sample]]:
         return group_by_context(self.todo, self.cfg.query_aware)
@@ -456,6 +515,25 @@ def _error_rows(rows: list[dict]) -> list[dict]:
     return [row for row in rows if row.get("error")]
 
 
+def pipeline_max_context_length(tokenizer) -> int:
+    """kvpress's pipeline's budget when none is given."""
+    return min(tokenizer.model_max_length, int(1e10))
+
+
+def templated_context_length(pipe, tokenizer):
+    """Token count of a text as the pipeline's context (chat template applied or not), memoized per text."""
+    lengths: dict[tuple[str, bool], int] = {}
+
+    def length(text: str, chat_template: bool) -> int:
+        if (text, chat_template) not in lengths:
+            with chat_template_enabled(tokenizer, chat_template):
+                context_ids = pipe.preprocess(text, [""], "", int(1e10))["context_ids"]
+            lengths[text, chat_template] = context_ids.shape[1]
+        return lengths[text, chat_template]
+
+    return length
+
+
 def make_pipeline(model, tokenizer, device: str):
     from kvpress import KVPressTextGenerationPipeline  # imported late: kvpress patches attention globally
 
@@ -484,6 +562,7 @@ def answer_with_pipeline(point: Point, model, tokenizer, max_context: int) -> No
                         answer_prefix=group[0].answer_prefix,
                         press=point.press,
                         max_new_tokens=group[0].max_new_tokens,
+                        max_context_length=point.pipeline_budget(tokenizer, max_context),
                         cache=cache,
                     )["answers"]
                 outcome = answers, measure_kept_ratio(model, cache, probe.context_length), probe.context_length, None
@@ -507,10 +586,10 @@ def run(cfg: DictConfig) -> dict:
         point.open(tokenizer, started)
         if point.todo:
             torch.manual_seed(cfg.seed)
-            model = load_model(point.source, point.device, cfg.dtype, cfg.attn_implementation)
+            model = load_model(point.source, point.device, cfg.dtype, attention_implementation(cfg))
             warn_if_unpatched(model)
             try:
-                answer_with_pipeline(point, model, tokenizer, point.max_context(model))
+                answer_with_pipeline(point, model, tokenizer, point.max_context(model, tokenizer))
             except BaseException:
                 point.interrupted()
                 raise

@@ -26,6 +26,7 @@ from transformers.utils import logging as transformers_logging
 
 from evaluate import rundir
 from evaluate.benchmarks import Sample
+from evaluate.config import attention_implementation
 from evaluate.decoding import DecodeRequest, greedy_answers, masks_keys_in_place
 from evaluate.runner import (
     Point,
@@ -44,7 +45,7 @@ POST_ATTENTION_PRESSES = (ScorerPress, ChunkKVPress, EntropyGatedChunkKVPress, A
 
 def shares_prefill(point: Point) -> bool:
     press = point.press
-    if point.cfg.attn_implementation == "eager":
+    if attention_implementation(point.cfg) == "eager":
         # Under eager attention presses may read the attention weights, which the shared path does not keep.
         return False
     if press is None:
@@ -54,7 +55,7 @@ def shares_prefill(point: Point) -> bool:
 
 def _model_key(cfg: DictConfig) -> str:
     model = OmegaConf.to_container(cfg.model.source, resolve=True)
-    return repr((model, cfg.device, cfg.dtype, cfg.attn_implementation, cfg.seed))
+    return repr((model, cfg.device, cfg.dtype, attention_implementation(cfg), cfg.seed))
 
 
 class PrefillCapture:
@@ -146,7 +147,8 @@ def _group_key(point: Point, group: list[Sample], tokenizer, max_context: int) -
     sample = group[0]
     context = point.context(sample, tokenizer, max_context)
     question = sample.question if point.cfg.query_aware else None
-    return context, question, sample.answer_prefix, sample.max_new_tokens, sample.chat_template
+    budget = point.pipeline_budget(tokenizer, max_context)
+    return context, question, sample.answer_prefix, sample.max_new_tokens, sample.chat_template, budget
 
 
 def answer_with_shared_prefill(points: list[Point], model, tokenizer, max_contexts: list[int]) -> None:
@@ -166,20 +168,17 @@ def answer_with_shared_prefill(points: list[Point], model, tokenizer, max_contex
         for group in point.groups():
             work.setdefault(_group_key(point, group, tokenizer, max_context), []).append((point, group))
 
-    max_context_length = min(tokenizer.model_max_length, int(1e10))  # the pipeline's own default
-
-    def tokenized(context: str, questions: list[str], answer_prefix: str) -> dict:
-        return pipe.preprocess(context, questions, answer_prefix, max_context_length)
-
     batch_size = min(point.cfg.decode_batch_size for point in points)
     progress = tqdm(total=sum(len(p.todo) for p in points), unit="sample", desc="sweep", dynamic_ncols=True)
     try:
-        for (context, question, answer_prefix, max_new_tokens, chat_template), members in work.items():
+        for (context, question, answer_prefix, max_new_tokens, chat_template, budget), members in work.items():
             press_text = context + question if question is not None else context
             start = time.perf_counter()
             try:
                 with chat_template_enabled(tokenizer, chat_template):
-                    context_ids = tokenized(press_text, [""], answer_prefix)["context_ids"].to(model.device)
+                    context_ids = pipe.preprocess(press_text, [""], answer_prefix, budget)["context_ids"].to(
+                        model.device
+                    )
                 capture = PrefillCapture(layers)
                 with torch.no_grad(), capture:
                     language_model(input_ids=context_ids, past_key_values=DynamicCache())
@@ -198,9 +197,9 @@ def answer_with_shared_prefill(points: list[Point], model, tokenizer, max_contex
                     questions = ("",) if question is not None else tuple(sample.question for sample in group)
                     if questions not in question_ids_for:
                         with chat_template_enabled(tokenizer, chat_template):
-                            question_ids_for[questions] = tokenized(press_text, list(questions), answer_prefix)[
-                                "questions_ids"
-                            ]
+                            question_ids_for[questions] = pipe.preprocess(
+                                press_text, list(questions), answer_prefix, budget
+                            )["questions_ids"]
                     with torch.no_grad():
                         cache = compressed_cache(point.press, layers, capture.captured)
                         kept_ratio = measure_kept_ratio(model, cache, context_ids.shape[1])
@@ -264,9 +263,9 @@ def _run_on_one_model(points: list[Point], started: float) -> None:
     if not pending:
         return
     torch.manual_seed(first.cfg.seed)
-    model = load_model(first.source, first.device, first.cfg.dtype, first.cfg.attn_implementation)
+    model = load_model(first.source, first.device, first.cfg.dtype, attention_implementation(first.cfg))
     warn_if_unpatched(model)
-    max_contexts = {id(point): point.max_context(model) for point in pending}
+    max_contexts = {id(point): point.max_context(model, tokenizer) for point in pending}
     shared = [point for point in pending if shares_prefill(point)]
     if len(shared) < 2:
         shared = []

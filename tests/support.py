@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from hydra import compose, initialize_config_dir
 from kvpress.utils import compute_n_kept
@@ -59,6 +60,7 @@ class SharedContextBenchmark:
     """
 
     name: str = "shared_context"
+    fraction_by_task: ClassVar[bool] = False
     contexts: int = 3
     questions_per_context: int = 3
     max_new_tokens: int = 6

@@ -1,5 +1,6 @@
 """Configuration: names, derived run names, and refusals that happen before the model loads."""
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -7,7 +8,8 @@ from pathlib import Path
 import pytest
 from hydra.errors import MissingConfigException
 
-from evaluate.config import ConfigError, fingerprint, method_name, run_name
+from evaluate import rundir
+from evaluate.config import ConfigError, attention_implementation, fingerprint, method_name, run_dir, run_name
 from evaluate.models import TinyRandomModel
 from evaluate.runner import run
 from tests.support import compose_config, with_shared_context
@@ -46,7 +48,8 @@ def test_default_configuration_is_smollm2_ruler_synth_snapkv(tmp_path):
         "ruler_synth",
         "snapkv",
     )
-    assert with_defaults.attn_implementation == "sdpa"
+    # kvpress's rule, resolved where the run is fingerprinted: sdpa without CUDA and flash_attn.
+    assert with_defaults.attn_implementation is None and attention_implementation(with_defaults) == "sdpa"
     assert with_defaults.benchmark.max_seq_length == 4096
 
 
@@ -118,3 +121,26 @@ def test_cli_prints_a_one_line_error_and_exits_2():
     )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith("error: cr=1.5 is outside [0, 1)")
+
+
+def test_attention_follows_kvpress_rule_and_the_choice_splits_runs(tmp_path, monkeypatch):
+    default = compose_config(tmp_path, "device=cuda")
+    sdpa_name = run_name(compose_config(tmp_path, "attn_implementation=sdpa", "device=cuda"))
+    monkeypatch.setattr("evaluate.config.resolve_device", lambda device: "cuda")
+    assert attention_implementation(default) == "sdpa" and run_name(default) == sdpa_name
+    # With flash_attn importable on CUDA, kvpress's evaluate.py loads the model with flash_attention_2.
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        "importlib.util.find_spec",
+        lambda name, *args: object() if name == "flash_attn" else real_find_spec(name, *args),
+    )
+    assert attention_implementation(default) == "flash_attention_2"
+    assert run_name(default) != sdpa_name
+    # An explicit choice is passed through unchanged.
+    assert attention_implementation(compose_config(tmp_path, "attn_implementation=eager")) == "eager"
+
+
+def test_config_yaml_records_the_attention_that_ran(tmp_path):
+    cfg = with_shared_context(compose_config(tmp_path, "press=none", "limit=1"))
+    run(cfg)
+    assert rundir.read_yaml(run_dir(cfg) / rundir.CONFIG)["config"]["attn_implementation"] == "sdpa"

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from evaluate import rundir
@@ -129,9 +130,29 @@ def test_fraction_outside_unit_interval_is_refused(tmp_path, fraction):
 
 def test_fraction_selects_the_same_random_share_as_pandas_sample():
     samples = SharedContextBenchmark(contexts=10).load(None)
-    chosen = select_fraction(samples, 0.3, seed=42)
+    chosen = select_fraction(samples, 0.3, seed=42, by_task=False)
     # Printed by pandas 3: sorted(DataFrame(range(30)).sample(frac=0.3, random_state=42).index).
     assert [samples.index(sample) for sample in chosen] == [8, 9, 12, 15, 17, 23, 24, 27, 28]
+
+
+def test_fraction_draws_within_each_task_where_kvpress_loads_a_data_dir_per_task():
+    samples = SharedContextBenchmark(contexts=10).load(None)  # tasks niah_task0 and niah_task1, interleaved
+    chosen = {sample.id for sample in select_fraction(samples, 0.3, seed=42, by_task=True)}
+    for task in ("niah_task0", "niah_task1"):
+        frame = pd.DataFrame([sample.__dict__ for sample in samples if sample.task == task])
+        # The frame kvpress would load for this task's data_dir, sampled as kvpress samples it.
+        expected = set(frame.sample(frac=0.3, random_state=42)["id"])
+        assert {sample_id for sample_id in chosen if sample_id in set(frame["id"])} == expected
+
+
+def test_the_pipeline_truncates_the_templated_context_by_default(tmp_path, tiny_tokenizer):
+    cfg = with_shared_context(compose_config(tmp_path, "press=none", "max_context_length=200"))
+    assert cfg.truncation == "pipeline"
+    run(cfg)
+    out = run_dir(cfg)
+    assert rundir.read_json(out / rundir.RUN)["truncated_samples"] == 6
+    # The pipeline cuts after the chat template: 200 tokens in all, the template's user-turn prefix among them.
+    assert {row["context_length"] for row in rundir.read_predictions(out / rundir.PREDICTIONS)} == {200}
 
 
 def test_empty_context_is_refused_naming_the_sample_but_an_empty_question_is_allowed():

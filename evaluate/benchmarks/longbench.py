@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from difflib import SequenceMatcher
 from functools import cache
+from typing import ClassVar
 
 from evaluate.benchmarks import Sample
 from evaluate.benchmarks.sources import require_columns, rows_by_task
@@ -339,6 +340,8 @@ class LongBench:
     """
 
     name: str = "longbench"
+    # kvpress loads one data_dir per task, so ``fraction`` draws within each task's rows.
+    fraction_by_task: ClassVar[bool] = True
     protocol: str = "kvpress"
     max_length: int | None = DEFAULT_MAX_LENGTH
     tasks: list[str] | None = None

@@ -34,6 +34,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cache
+from typing import ClassVar
 
 from evaluate.benchmarks import Sample
 from evaluate.benchmarks.sources import require_columns, rows_by_task
@@ -210,6 +211,8 @@ class Loogle:
     """
 
     name: str = "loogle"
+    # kvpress loads one data_dir per task, so ``fraction`` draws within each task's rows.
+    fraction_by_task: ClassVar[bool] = True
     tasks: list[str] | None = None
     path: str | None = None
     bertscore: bool = False

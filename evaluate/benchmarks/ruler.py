@@ -14,6 +14,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from evaluate.benchmarks import Sample
 from evaluate.benchmarks.sources import hub_rows, is_saved_dataset, locate, read_rows, require_columns
@@ -80,6 +81,8 @@ class Ruler:
     """
 
     name: str = "ruler"
+    # kvpress loads the whole split as one data_dir, so ``fraction`` draws from all of its rows at once.
+    fraction_by_task: ClassVar[bool] = False
     dataset: str = "simonjegou/ruler"
     data_dir: str = "4096"
     split: str = "test"

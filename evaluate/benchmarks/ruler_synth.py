@@ -58,7 +58,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import yaml
@@ -883,6 +883,8 @@ class RulerSynth:
     num_samples: int = 500
     qa_path: str | None = None
     name: str = "ruler_synth"
+    # Generated like RULER's 4096 split, one data_dir for kvpress: ``fraction`` draws from all rows at once.
+    fraction_by_task: ClassVar[bool] = False
 
     def available_tasks(self) -> list[str]:
         """The configured tasks that can be generated: all but the QA tasks whose file is missing."""
