@@ -6,16 +6,19 @@ import hydra
 from omegaconf import DictConfig
 
 from evaluate.config import ConfigError
-from evaluate.runner import run
+from evaluate.summary import run_summary
+from evaluate.sweep import run
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
     try:
-        return run(cfg)["score"]
+        metrics = run(cfg)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
+    print(run_summary(cfg, metrics))
+    return metrics["score"]
 
 
 if __name__ == "__main__":

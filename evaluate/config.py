@@ -13,6 +13,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from evaluate import registry
+from evaluate.press_traits import needs_non_eager
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +32,9 @@ NON_RESULT_KEYS = (
     "retry_errors",
     "wandb",
     "decode_batch_size",
+    "wait_for_locks",
+    # Which tables the report draws (an experiment preset's report: entry), not what a run computes.
+    "report",
 )
 
 
@@ -45,9 +49,14 @@ def _path_name(name_or_path: str) -> str:
 OmegaConf.register_new_resolver("path_name", _path_name, replace=True)
 
 
+def compresses(cfg: DictConfig) -> bool:
+    """Whether the configuration compresses at all (press=none does not)."""
+    return cfg.press.press is not None
+
+
 def effective_cr(cfg: DictConfig) -> float:
     """The compression ratio actually applied: presses that do not compress apply 0."""
-    return float(cfg.cr) if cfg.press.compresses else 0.0
+    return float(cfg.cr) if compresses(cfg) else 0.0
 
 
 def attention_implementation(cfg: DictConfig) -> str:
@@ -62,8 +71,7 @@ def attention_implementation(cfg: DictConfig) -> str:
 
 def method_name(cfg: DictConfig) -> str:
     """The run's method: kvpress's registry name where the press is that entry (evaluate/registry.py)."""
-    press = instantiate(cfg.press.press) if cfg.press.compresses else None
-    return registry.method_name(cfg.press.method, press)
+    return registry.method_name(cfg.press.method, instantiate(cfg.press.press))
 
 
 def validate(cfg: DictConfig) -> None:
@@ -80,11 +88,11 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"truncation={cfg.truncation!r}; choose one of {', '.join(TRUNCATION_POLICIES)}")
     if cfg.max_context_length is not None and cfg.max_context_length <= 0:
         raise ConfigError(f"max_context_length={cfg.max_context_length} must be a positive number of tokens, or null")
-    if not cfg.press.compresses and cfg.cr > 0:
+    if not compresses(cfg) and cfg.cr > 0:
         logger.warning("press=none compresses nothing: cr=%s is ignored and the run is recorded at cr=0", cfg.cr)
-    if not cfg.press.compresses:
+    if not compresses(cfg):
         return
-    if cfg.press.needs_non_eager and attention_implementation(cfg) == "eager":
+    if needs_non_eager(instantiate(cfg.press.press)) and attention_implementation(cfg) == "eager":
         raise ConfigError(
             f"press {method_name(cfg)} cannot run with attn_implementation=eager "
             "(kvpress's ChunkKV/AdaKV need sdpa or flash attention); use attn_implementation=sdpa"
@@ -98,7 +106,7 @@ def validate(cfg: DictConfig) -> None:
 
 def validate_context_lengths(cfg: DictConfig, shortest_context: int) -> None:
     """Refuse a scorer whose observation window does not fit in the shortest context."""
-    if not cfg.press.compresses:
+    if not compresses(cfg):
         return
     if shortest_context <= cfg.scorer.min_context:
         raise ConfigError(
@@ -115,7 +123,7 @@ def result_config(cfg: DictConfig) -> dict:
     resolved["cr"] = effective_cr(cfg)
     # What actually runs, so that a run on flash attention never resumes one on sdpa.
     resolved["attn_implementation"] = attention_implementation(cfg)
-    if not cfg.press.compresses:
+    if not compresses(cfg):
         # Without compression the scorer is never used, so its choice must not split runs.
         resolved.pop("scorer", None)
     return resolved
@@ -138,6 +146,12 @@ def run_name(cfg: DictConfig) -> str:
 
 def run_dir(cfg: DictConfig) -> Path:
     return Path(cfg.output_dir) / run_name(cfg)
+
+
+def model_key(cfg: DictConfig) -> str:
+    """Configurations with equal keys run on one loaded model: in one sweep, and on one worker of the gpus launcher."""
+    model = OmegaConf.to_container(cfg.model.source, resolve=True)
+    return json.dumps([model, cfg.device, cfg.dtype, attention_implementation(cfg), cfg.seed], sort_keys=True)
 
 
 def resolve_device(device: str) -> str:

@@ -16,8 +16,6 @@ that looks like a submission.
 """
 
 import argparse
-import csv
-import io
 import json
 import shutil
 import sys
@@ -25,16 +23,18 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
 import yaml
+from hydra.utils import instantiate
 
-from evaluate import rundir
-from evaluate.report import DEFAULT_RUNS, RULER_TASKS, ReportError, RunResult, collect_runs
+from evaluate import registry, rundir
+from evaluate.benchmarks import failure_coverage, fraction_coverage
+from evaluate.benchmarks.ruler import Ruler
+from evaluate.results.runs import DEFAULT_RUNS, ReportError, RunResult, collect_runs
 
-DATASET = "ruler"
-HUB_DATASET = "simonjegou/ruler"
-DATA_DIR = "4096"
-# kvpress's RULER-4096 hub data: 500 samples for each of the 13 tasks (shared/reference/ruler/README.md).
-SAMPLES_PER_TASK = 500
+# The leaderboard's dataset is RULER's hub data as the Ruler benchmark defines it (shared/reference/ruler/README.md).
+DATASET = Ruler.name
+DATA_DIR = Ruler.source.data_dir
 
 LEADERBOARD_COLUMNS = "dataset data_dir model method compression_ratio score query_aware press_init_command".split()
 PREDICTION_COLUMNS = "question answer_prefix answer task max_new_tokens predicted_answer compression_ratio".split()
@@ -47,6 +47,7 @@ class Refused(Exception):
 @dataclass
 class Submission:
     run: RunResult
+    method: str  # the leaderboard's name for it
     name: str
     config: dict
     metrics: dict
@@ -54,32 +55,23 @@ class Submission:
 
 
 def is_ruler_4096(run: RunResult) -> bool:
-    return run.benchmark == DATASET and str(run.benchmark_config.get("data_dir")) == DATA_DIR
+    benchmark = run.benchmark_object
+    return run.benchmark == DATASET and isinstance(benchmark, Ruler) and str(benchmark.data_dir) == DATA_DIR
 
 
 def refusal_reasons(run: RunResult) -> list[str]:
-    """Why a finished RULER-4096 run is not a full leaderboard run."""
+    """Why a finished RULER-4096 run is not a full leaderboard run: its benchmark's coverage, held to every task
+    listed and to every sample of the hub data, and a model named by its hub id."""
+    benchmark: Ruler = run.benchmark_object
     reasons = []
     limit = run.config.get("limit")
-    if limit is not None and int(limit) < SAMPLES_PER_TASK:
+    if limit is not None and int(limit) < benchmark.source.samples_per_task:
         reasons.append(f"limit={limit} (samples per task); rerun with limit=null")
-    fraction = run.config.get("fraction", run.benchmark_config.get("fraction"))
-    if fraction is not None and float(fraction) < 1:
-        reasons.append(f"fraction={fraction}")
-    missing = [task for task in RULER_TASKS if task not in run.tasks]
-    if missing:
-        reasons.append(f"{len(RULER_TASKS) - len(missing)} of 13 tasks (missing {', '.join(missing)})")
-    extra = sorted(set(run.tasks) - set(RULER_TASKS))
+    reasons += fraction_coverage(run.config) + benchmark.task_coverage(run.tasks, shown=None)
+    extra = sorted(set(run.tasks) - set(benchmark.all_tasks))
     if extra:
-        reasons.append(f"tasks outside RULER's 13: {', '.join(extra)}")
-    benchmark = run.benchmark_config
-    if benchmark.get("path"):
-        reasons.append(f"local data benchmark.path={benchmark['path']}, not the hub dataset {HUB_DATASET}")
-    elif benchmark.get("dataset") != HUB_DATASET:
-        reasons.append(f"dataset {benchmark.get('dataset')}, not the hub dataset {HUB_DATASET}")
-    errors = int(run.metrics.get("n_errors", 0) or 0)
-    if errors:
-        reasons.append(f"{errors} samples failed")
+        reasons.append(f"tasks outside RULER's {len(benchmark.all_tasks)}: {', '.join(extra)}")
+    reasons += benchmark.source_coverage() + failure_coverage(run.rows)
     if not _is_hub_id(run.model_id):
         reasons.append(f"model {run.model_id} is not a hub id; the leaderboard names models as org/name")
     return reasons
@@ -89,8 +81,36 @@ def _is_hub_id(name: str) -> bool:
     return name.count("/") == 1 and not name.startswith((".", "/", "~")) and not Path(name).exists()
 
 
+class Unmappable(Exception):
+    """A run whose method has no leaderboard name: it would pass for a registry entry it is not."""
+
+
+def leaderboard_method(run: RunResult) -> str:
+    """The press name the leaderboard shows for the run's method.
+
+    This is the one place where a harness method name becomes a leaderboard name (submission directory,
+    config.yaml's press_name, leaderboard.csv). The harness names its methods as kvpress's registry does
+    (evaluate/registry.py), so a name maps to itself, except a ``_variant`` (named after an entry it is not) and a
+    registry name whose recorded press is not that entry (runs recorded before names followed the registry).
+    """
+    method = run.method
+    if registry.is_variant(method):
+        raise Unmappable(f"{method} is not kvpress's {method.removesuffix(registry.VARIANT_SUFFIX)} entry")
+    recorded = run.config.get("press", {}).get("press")
+    if method in registry.PRESS_REGISTRY and recorded is not None:
+        if not registry.same_press(instantiate(recorded), registry.PRESS_REGISTRY[method]()):
+            raise Unmappable(f"{method} was run with {run.record.get('press')}, not kvpress's {method} entry")
+    return method
+
+
 def submission_name(run: RunResult) -> str:
-    parts = [DATASET, DATA_DIR, run.model_id.replace("/", "--"), run.method, f"{run.compression_ratio:.2f}"]
+    parts = [
+        DATASET,
+        DATA_DIR,
+        run.model_id.replace("/", "--"),
+        leaderboard_method(run),
+        f"{run.compression_ratio:.2f}",
+    ]
     if run.query_aware:
         parts.append("query_aware")
     return "__".join(parts)
@@ -103,50 +123,36 @@ def leaderboard_score(metrics: dict) -> float:
 
 
 def prepare(run: RunResult, allow_partial: bool) -> Submission:
+    method = leaderboard_method(run)
     reasons = refusal_reasons(run)
     if reasons and not allow_partial:
         raise Refused("; ".join(reasons))
     metrics = {task: {"string_match": float(values["score"])} for task, values in sorted(run.tasks.items())}
     if not metrics:
         raise Refused("metrics.json has no task scores")
-    samples = run.samples
+    every_sample = Ruler.source.samples_per_task * len(Ruler.all_tasks)
     config = {
         "dataset": DATASET,
         "data_dir": DATA_DIR,
         "model": run.model_id,
-        "press_name": run.method,
+        "press_name": method,
         "compression_ratio": run.compression_ratio,
         "query_aware": run.query_aware,
-        "fraction": 1.0 if not reasons else round(samples / (SAMPLES_PER_TASK * len(RULER_TASKS)), 4),
+        "fraction": 1.0 if not reasons else round(run.samples / every_sample, 4),
         "max_new_tokens": None,  # each task's own generation length, as in the hub data
         "max_context_length": run.config.get("max_context_length"),
         "seed": run.config.get("seed"),
         "press_init_command": str(run.record.get("press")),
     }
-    return Submission(run, submission_name(run), config, metrics, leaderboard_score(metrics))
-
-
-def _answers_cell(answers) -> str:
-    return repr([str(answer) for answer in answers])
+    return Submission(run, method, submission_name(run), config, metrics, leaderboard_score(metrics))
 
 
 def predictions_csv(run: RunResult) -> str:
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(PREDICTION_COLUMNS)
-    for row in run.rows:
-        writer.writerow(
-            [
-                row["question"],
-                row["answer_prefix"],
-                _answers_cell(row["answers"]),
-                row["task"],
-                row["max_new_tokens"],
-                row["prediction"],
-                run.compression_ratio,
-            ]
-        )
-    return buffer.getvalue()
+    """The dataset columns but the context, the prediction and the ratio, one row per sample."""
+    rows = pd.DataFrame(run.rows)
+    answers = rows.answers.map(lambda answers: repr([str(answer) for answer in answers]))
+    table = rows.assign(answer=answers, predicted_answer=rows.prediction, compression_ratio=run.compression_ratio)
+    return table[PREDICTION_COLUMNS].to_csv(index=False, lineterminator="\n")
 
 
 def write_submission(submission: Submission, out: Path) -> Path:
@@ -168,24 +174,13 @@ def write_submission(submission: Submission, out: Path) -> Path:
 
 
 def write_leaderboard_csv(submissions: list[Submission], out: Path) -> Path:
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(LEADERBOARD_COLUMNS)
-    for s in sorted(submissions, key=lambda s: (s.config["model"], s.run.method, s.run.compression_ratio)):
-        writer.writerow(
-            [
-                DATASET,
-                DATA_DIR,
-                s.config["model"],
-                s.run.method,
-                s.run.compression_ratio,
-                f"{s.score:.2f}",
-                s.run.query_aware,
-                s.config["press_init_command"],
-            ]
-        )
+    rows = [
+        [DATASET, DATA_DIR, s.config["model"], s.method, s.run.compression_ratio, f"{s.score:.2f}", s.run.query_aware]
+        + [s.config["press_init_command"]]
+        for s in sorted(submissions, key=lambda s: (s.config["model"], s.method, s.run.compression_ratio))
+    ]
     path = out / "leaderboard.csv"
-    rundir.write_atomic(path, buffer.getvalue())
+    rundir.write_atomic(path, pd.DataFrame(rows, columns=LEADERBOARD_COLUMNS).to_csv(index=False, lineterminator="\n"))
     return path
 
 
@@ -201,6 +196,9 @@ def export(runs_dir: Path, out: Path, allow_partial: bool = False) -> tuple[list
             continue
         try:
             submission = prepare(run, allow_partial)
+        except Unmappable as reason:
+            refused.append((run.path, f"no leaderboard name: {reason}"))
+            continue
         except Refused as reason:
             refused.append((run.path, f"partial: {reason}; pass --allow-partial to export it anyway"))
             continue

@@ -9,6 +9,7 @@ a registry name but whose press differs (``press=topk scorer=expected_attention`
 ``_variant`` suffix, so that no table or export can mistake it for the entry.
 """
 
+import logging
 from collections.abc import Callable
 from dataclasses import fields, is_dataclass
 from functools import cache
@@ -143,8 +144,13 @@ def same_press(first: object, second: object) -> bool:
 
 @cache
 def _entries() -> tuple[tuple[str, BasePress | None], ...]:
-    # Built once: the entries are only compared with, never run.
-    return tuple((name, build()) for name, build in PRESS_REGISTRY.items())
+    # Built once: the entries are only compared with, never run, so the warnings some constructors log about
+    # running them (KVzip's cost) would only mislead.
+    logging.disable(logging.WARNING)
+    try:
+        return tuple((name, build()) for name, build in PRESS_REGISTRY.items())
+    finally:
+        logging.disable(logging.NOTSET)
 
 
 def registry_name(press: BasePress | None) -> str | None:

@@ -7,6 +7,7 @@
 
 import fcntl
 import json
+import logging
 import os
 import socket
 import tempfile
@@ -24,6 +25,8 @@ METRICS = "metrics.json"
 RUN = "run.json"
 CONFIG = "config.yaml"
 LOCK = ".lock"
+
+logger = logging.getLogger(__name__)
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -88,10 +91,14 @@ def rewrite_predictions(path: Path, rows: Iterable[dict]) -> None:
 class RunLocked(ConfigError):
     """Another live process is writing this run directory."""
 
+    def __init__(self, run_directory: Path, holder: str):
+        super().__init__(f"{run_directory} is being written by {holder}; wait for it to finish or stop it first")
+        self.holder = holder
+
 
 @contextmanager
-def locked(run_directory: Path) -> Iterator[None]:
-    """Hold the run directory for this process.
+def locked(run_directory: Path, wait: bool = False) -> Iterator[None]:
+    """Hold the run directory for this process; ``wait`` blocks until its holder lets go instead of refusing.
 
     The lock is an flock on ``.lock``: the kernel releases it when its holder dies, however it dies, so a
     lock left by a killed process is taken over without any staleness heuristics. The file names the holder
@@ -104,9 +111,10 @@ def locked(run_directory: Path) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 4096, 0).decode("utf-8", errors="replace").strip() or "another process"
-            raise RunLocked(
-                f"{run_directory} is being written by {holder}; wait for it to finish or stop it first"
-            ) from None
+            if not wait:
+                raise RunLocked(run_directory, holder) from None
+            logger.warning("%s is being written by %s; waiting for it (wait_for_locks=true)", run_directory, holder)
+            fcntl.flock(fd, fcntl.LOCK_EX)
         os.ftruncate(fd, 0)
         started = datetime.now(timezone.utc).isoformat(timespec="seconds")
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} (since {started})".encode(), 0)

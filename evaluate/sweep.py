@@ -11,51 +11,47 @@ and the questions of all points on that context are decoded together where their
 eager attention, a lone point) take the normal pipeline path.
 """
 
+import logging
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 
 import torch
-from kvpress import AdaKVPress, BasePress, ChunkKVPress, EntropyGatedChunkKVPress, ScorerPress
+from hydra.utils import instantiate
+from kvpress import BasePress
 from kvpress.utils import extract_keys_and_values
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from tqdm.auto import tqdm
 from transformers import DynamicCache
 from transformers.utils import logging as transformers_logging
 
 from evaluate import rundir
 from evaluate.benchmarks import Sample
-from evaluate.config import attention_implementation
+from evaluate.config import model_key, run_dir, validate
 from evaluate.decoding import DecodeRequest, greedy_answers, masks_keys_in_place
+from evaluate.plan import Plan, make_plan
+from evaluate.press_traits import why_not_shared_prefill
+from evaluate.recorder import Recorder
 from evaluate.runner import (
-    Point,
+    Models,
     answer_with_pipeline,
     chat_template_enabled,
-    load_model,
-    load_tokenizer,
+    context_budget,
     make_pipeline,
     measure_kept_ratio,
+    pipeline_budget,
     warn_if_unpatched,
 )
 
-# Presses whose whole effect is their compress() call in the post-attention hook.
-POST_ATTENTION_PRESSES = (ScorerPress, ChunkKVPress, EntropyGatedChunkKVPress, AdaKVPress)
+logger = logging.getLogger(__name__)
 
 
-def shares_prefill(point: Point) -> bool:
-    press = point.press
-    if attention_implementation(point.cfg) == "eager":
-        # Under eager attention presses may read the attention weights, which the shared path does not keep.
-        return False
-    if press is None:
-        return True
-    return isinstance(press, POST_ATTENTION_PRESSES) and type(press).forward_hook is BasePress.forward_hook
-
-
-def _model_key(cfg: DictConfig) -> str:
-    model = OmegaConf.to_container(cfg.model.source, resolve=True)
-    return repr((model, cfg.device, cfg.dtype, attention_implementation(cfg), cfg.seed))
+def shares_prefill(plan: Plan) -> bool:
+    reason = why_not_shared_prefill(plan.press, plan.attention)
+    if reason is not None:
+        logger.info("%s takes kvpress's pipeline path: %s", plan.out.name, reason)
+    return reason is None
 
 
 class PrefillCapture:
@@ -99,7 +95,7 @@ def compressed_cache(press: BasePress | None, layers, captured: list[tuple]) -> 
 class Pending:
     """A point's questions on one context, compressed and waiting to be decoded."""
 
-    point: Point
+    point: Recorder
     group: list[Sample]
     requests: list[DecodeRequest]
     kept_ratio: float
@@ -143,33 +139,33 @@ class DecodeBatch:
             self.progress.update(len(p.group))
 
 
-def _group_key(point: Point, group: list[Sample], tokenizer, max_context: int) -> tuple:
+def _group_key(plan: Plan, group: list[Sample], tokenizer, max_context: int) -> tuple:
     sample = group[0]
-    context = point.context(sample, tokenizer, max_context)
-    question = sample.question if point.cfg.query_aware else None
-    budget = point.pipeline_budget(tokenizer, max_context)
+    context = plan.context(sample, tokenizer, max_context)
+    question = sample.question if plan.cfg.query_aware else None
+    budget = pipeline_budget(plan, tokenizer, max_context)
     return context, question, sample.answer_prefix, sample.max_new_tokens, sample.chat_template, budget
 
 
-def answer_with_shared_prefill(points: list[Point], model, tokenizer, max_contexts: list[int]) -> None:
+def answer_with_shared_prefill(points: list[Recorder], model, tokenizer, max_contexts: list[int]) -> None:
     """Prefill each distinct context once and answer it for every point that needs it."""
-    pipe = make_pipeline(model, tokenizer, points[0].device)
+    pipe = make_pipeline(model, tokenizer, points[0].plan.device)
     language_model = model.model
     layers = language_model.layers
     for layer in layers:
         # What kvpress's press context manager sets up before compressing.
         layer.self_attn.rotary_emb = language_model.rotary_emb
     for point in points:
-        if point.press is not None:
-            point.press.post_init_from_model(model)
+        if point.plan.press is not None:
+            point.plan.press.post_init_from_model(model)
 
-    work: dict[tuple, list[tuple[Point, list[Sample]]]] = {}
+    work: dict[tuple, list[tuple[Recorder, list[Sample]]]] = {}
     for point, max_context in zip(points, max_contexts, strict=True):
-        for group in point.groups():
-            work.setdefault(_group_key(point, group, tokenizer, max_context), []).append((point, group))
+        for group in point.plan.groups():
+            work.setdefault(_group_key(point.plan, group, tokenizer, max_context), []).append((point, group))
 
-    batch_size = min(point.cfg.decode_batch_size for point in points)
-    progress = tqdm(total=sum(len(p.todo) for p in points), unit="sample", desc="sweep", dynamic_ncols=True)
+    batch_size = min(point.plan.cfg.decode_batch_size for point in points)
+    progress = tqdm(total=sum(len(p.plan.todo) for p in points), unit="sample", desc="sweep", dynamic_ncols=True)
     try:
         for (context, question, answer_prefix, max_new_tokens, chat_template, budget), members in work.items():
             press_text = context + question if question is not None else context
@@ -201,7 +197,7 @@ def answer_with_shared_prefill(points: list[Point], model, tokenizer, max_contex
                                 press_text, list(questions), answer_prefix, budget
                             )["questions_ids"]
                     with torch.no_grad():
-                        cache = compressed_cache(point.press, layers, capture.captured)
+                        cache = compressed_cache(point.plan.press, layers, capture.captured)
                         kept_ratio = measure_kept_ratio(model, cache, context_ids.shape[1])
                     requests = [
                         DecodeRequest(cache, ids, context_ids.shape[1], max_new_tokens)
@@ -230,52 +226,78 @@ def answer_with_shared_prefill(points: list[Point], model, tokenizer, max_contex
         progress.close()
 
 
-def run_sweep(cfgs: Sequence[DictConfig]) -> list[dict]:
-    """Run (or resume) every configuration; return their metrics in order.
+def run_sweep(cfgs: Sequence[DictConfig], single: bool = False) -> list[dict | None]:
+    """Run (or resume) every configuration; return their metrics in order (None for a point left to another).
 
-    All configurations are checked before anything loads. Points on the same model share one model load;
-    among those, the ones whose press acts only after attention share each context's prefill.
+    Every configuration is checked before anything loads. A point whose run directory another process holds is
+    left to it (or waited for, with ``wait_for_locks=true``) and listed at the end; a ``single`` run refuses it.
+    Points on the same model share one model load; among those, the ones whose press acts only after attention
+    share each context's prefill.
     """
     started = time.perf_counter()
+    # Our own bars track the runs; per-tensor loading bars would bury them.
     transformers_logging.disable_progress_bar()
-    points = [Point(cfg) for cfg in cfgs]
-    directories = [point.out for point in points]
+    for cfg in cfgs:
+        validate(cfg)
+    directories = [run_dir(cfg) for cfg in cfgs]
     duplicates = {str(path) for path in directories if directories.count(path) > 1}
     if duplicates:
         raise ValueError(f"the sweep runs the same configuration twice: {', '.join(sorted(duplicates))}")
-    by_model: dict[str, list[Point]] = {}
-    for point in points:
-        by_model.setdefault(_model_key(point.cfg), []).append(point)
+    models = Models()
+    metrics: dict[int, dict] = {}
+    skipped: list[str] = []
     with ExitStack() as held:
-        for point in points:
-            held.enter_context(rundir.locked(point.out))
-        for members in by_model.values():
-            _run_on_one_model(members, started)
-        return [point.close() for point in points]
+        by_model: dict[str, list[int]] = {}
+        for index, (cfg, out) in enumerate(zip(cfgs, directories, strict=True)):
+            try:
+                held.enter_context(rundir.locked(out, wait=cfg.wait_for_locks))
+            except rundir.RunLocked as locked:
+                if single:
+                    raise
+                skipped.append(f"{out} (held by {locked.holder})")
+                continue
+            by_model.setdefault(model_key(cfg), []).append(index)
+        for indices in by_model.values():
+            recorders = _run_on_one_model([cfgs[index] for index in indices], models, started)
+            metrics.update(zip(indices, (recorder.close() for recorder in recorders), strict=True))
+    if skipped:
+        print(f"{len(skipped)} of {len(cfgs)} points were left to the processes holding them; rerun to resume them:")
+        print("\n".join(f"  {point}" for point in skipped))
+    return [metrics.get(index) for index in range(len(cfgs))]
 
 
-def _run_on_one_model(points: list[Point], started: float) -> None:
-    first = points[0]
-    tokenizer = load_tokenizer(first.source)
-    for point in points:
-        point.open(tokenizer, started)
-    pending = [point for point in points if point.todo]
+def run(cfg: DictConfig) -> dict:
+    """Run (or resume) one configuration: the sweep of one point, which takes kvpress's pipeline path."""
+    return run_sweep([cfg], single=True)[0]
+
+
+def _run_on_one_model(cfgs: list[DictConfig], models: Models, started: float) -> list[Recorder]:
+    tokenizer = models.tokenizer(instantiate(cfgs[0].model.source))
+    recorders = [Recorder(make_plan(cfg, tokenizer)) for cfg in cfgs]
+    for recorder in recorders:
+        recorder.start(started)
+    pending = [recorder for recorder in recorders if recorder.plan.todo]
     if not pending:
-        return
-    torch.manual_seed(first.cfg.seed)
-    model = load_model(first.source, first.device, first.cfg.dtype, attention_implementation(first.cfg))
+        return recorders
+    torch.manual_seed(cfgs[0].seed)
+    model = models.model(pending[0].plan)
     warn_if_unpatched(model)
-    max_contexts = {id(point): point.max_context(model, tokenizer) for point in pending}
-    shared = [point for point in pending if shares_prefill(point)]
+    budgets = []
+    for recorder in pending:
+        budget, truncated = context_budget(recorder.plan, model, tokenizer)
+        recorder.note_truncated(truncated)
+        budgets.append(budget)
+    shared = [recorder for recorder in pending if shares_prefill(recorder.plan)]
     if len(shared) < 2:
         shared = []
     try:
-        for point in pending:
-            if point not in shared:
-                answer_with_pipeline(point, model, tokenizer, max_contexts[id(point)])
+        for recorder, budget in zip(pending, budgets, strict=True):
+            if recorder not in shared:
+                answer_with_pipeline(recorder, model, tokenizer, budget)
         if shared:
-            answer_with_shared_prefill(shared, model, tokenizer, [max_contexts[id(point)] for point in shared])
+            answer_with_shared_prefill(shared, model, tokenizer, [budgets[pending.index(r)] for r in shared])
     except BaseException:
-        for point in pending:
-            point.interrupted()
+        for recorder in pending:
+            recorder.interrupted()
         raise
+    return recorders

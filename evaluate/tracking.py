@@ -1,33 +1,29 @@
 """Weights & Biases logging, selected by the ``wandb`` config group: ``wandb=disabled|offline|online``.
 
-``disabled`` (the default) never imports wandb. ``offline`` writes runs under ``wandb.dir`` (or ``$WANDB_DIR``, or
-``./wandb``) with no account and no network; ``wandb sync DIR`` uploads them later. ``online`` logs live.
-
-A run's tracker logs its resolved config, progress (samples, timings, kept ratio) while it runs, then the
-per-task metrics, the headline, the mean kept ratio, timings, peak memory and a ``wandb.Table`` of sampled
-predictions. Runs of one Hydra multirun share a ``group`` (the sweep's folder name unless ``wandb.group`` is
-set); ``job_type`` is the benchmark. ``python -m evaluate.report --wandb`` logs the report's tables and plots to
-one summary run, with a score-against-cr chart per benchmark.
-
-Tracking never stops an evaluation: once started, a wandb failure is logged as a warning and the tracker turns
-itself off. A missing wandb package, or an unknown mode, is refused before the model loads.
+``disabled`` (the default) never imports wandb; ``offline`` writes runs under ``wandb.dir`` (or ``$WANDB_DIR``, or
+``./wandb``) for a later ``wandb sync DIR``. A run logs its config and progress, then its metrics, timings and sampled
+predictions; the runs of one Hydra multirun share a ``group``. ``python -m evaluate.report --wandb`` logs a report to
+one summary run. A wandb failure turns the tracker off with a warning, never stopping an evaluation; a missing wandb
+package, or an unknown mode, is refused before the model loads.
 """
 
-import csv
-import io
 import logging
 import random
 from collections.abc import Sequence
+from contextlib import suppress
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from evaluate.bootstrap import sample_scores
 from evaluate.config import ConfigError
 
 if TYPE_CHECKING:
-    from evaluate.report import Report
+    from evaluate.results.report import Report
 
 logger = logging.getLogger(__name__)
 
@@ -46,28 +42,17 @@ def _import_wandb(mode: str):
 
 def sweep_group() -> str | None:
     """The folder name of the current Hydra multirun, shared by all its jobs; None outside a multirun."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-        from hydra.types import RunMode
-
-        if not HydraConfig.initialized():
-            return None
-        hydra_cfg = HydraConfig.get()
-        if hydra_cfg.mode != RunMode.MULTIRUN:
-            return None
-        return f"sweep-{Path(hydra_cfg.sweep.dir).name}"
-    except Exception:  # Hydra internals differ across launchers; no group is better than a crash
-        return None
+    with suppress(Exception):  # Hydra internals differ across launchers; no group is better than a crash
+        if HydraConfig.initialized() and (hydra_cfg := HydraConfig.get()).mode == RunMode.MULTIRUN:
+            return f"sweep-{Path(hydra_cfg.sweep.dir).name}"
+    return None
 
 
 class Tracker:
     """wandb logging for one run. Every method is a no-op when tracking is disabled or has failed."""
 
     def __init__(self, run=None, wandb_module=None, table_rows: int = 200, seed: int = 0):
-        self._run = run
-        self._wandb = wandb_module
-        self.table_rows = table_rows
-        self.seed = seed
+        self._run, self._wandb, self.table_rows, self.seed = run, wandb_module, table_rows, seed
 
     @property
     def enabled(self) -> bool:
@@ -81,14 +66,13 @@ class Tracker:
     @classmethod
     def from_config(cls, cfg: DictConfig, run_name: str) -> "Tracker":
         """Start a wandb run for ``cfg`` as the ``wandb`` group configures it; disabled when the group is absent."""
-        settings = cfg.get("wandb")
-        mode = "disabled" if settings is None else str(settings.get("mode", "disabled"))
+        settings = cfg.get("wandb") or {}
+        mode = str(settings.get("mode", "disabled"))
         if mode not in MODES:
             raise ConfigError(f"wandb.mode={mode!r}; choose one of {', '.join(MODES)}")
         if mode == "disabled":
             return cls()
         wandb = _import_wandb(mode)
-        config = OmegaConf.to_container(cfg, resolve=True)
         run = wandb.init(
             mode=mode,
             project=settings.get("project") or "pressbench",
@@ -98,7 +82,7 @@ class Tracker:
             name=run_name,
             tags=list(settings.get("tags") or []),
             dir=settings.get("dir"),
-            config=config,
+            config=OmegaConf.to_container(cfg, resolve=True),
             reinit="create_new",  # a sequential multirun logs each job to its own run
         )
         return cls(run, wandb, table_rows=int(settings.get("table_rows", 200)), seed=int(cfg.seed))
@@ -123,40 +107,30 @@ class Tracker:
         self._safely(self._log_metrics, metrics, rows, benchmark, run_record or {})
 
     def _log_metrics(self, metrics: dict, rows: Sequence[dict], benchmark, run_record: dict) -> None:
+        tasks: dict[str, dict] = metrics.get("tasks", {})
         summary: dict[str, Any] = {"score": metrics.get("score"), "samples": len(rows)}
-        for task, values in metrics.get("tasks", {}).items():
-            for key, value in values.items():
-                if isinstance(value, int | float):
-                    summary[f"tasks/{task}/{key}"] = value
-        kept = [row["kept_ratio"] for row in rows if row.get("kept_ratio") is not None]
-        if kept:
+        for task, values in tasks.items():
+            summary |= {f"tasks/{task}/{key}": value for key, value in values.items() if isinstance(value, int | float)}
+        if kept := [row["kept_ratio"] for row in rows if row.get("kept_ratio") is not None]:
             summary["kept_ratio"] = sum(kept) / len(kept)
-        for key in ("wall_seconds", "prefill_seconds", "decode_seconds", "peak_memory_mb", "errors"):
-            if run_record.get(key) is not None:
-                summary[key] = run_record[key]
-        for key, value in metrics.items():
-            if key not in ("tasks", "score", "benchmark") and isinstance(value, int | float):
-                summary[key] = value
+        timings = ("wall_seconds", "prefill_seconds", "decode_seconds", "peak_memory_mb", "errors")
+        summary |= {key: run_record[key] for key in timings if run_record.get(key) is not None}
+        other = {key: value for key, value in metrics.items() if key not in ("tasks", "score", "benchmark")}
+        summary |= {key: value for key, value in other.items() if isinstance(value, int | float)}
         self._run.summary.update(summary)
-        task_table = self._wandb.Table(columns=["task", "score", "n"])
-        for task, values in metrics.get("tasks", {}).items():
-            task_table.add_data(task, values.get("score"), values.get("n"))
+        task_rows = [[task, values.get("score"), values.get("n")] for task, values in tasks.items()]
+        task_table = self._wandb.Table(columns=["task", "score", "n"], data=task_rows)
         self._run.log({"tasks": task_table, "predictions": self._predictions_table(rows, benchmark)})
 
     def _predictions_table(self, rows: Sequence[dict], benchmark):
         """Up to ``table_rows`` predictions drawn with the run's seed; ``correct`` is the sample's score / 100."""
-        from evaluate.bootstrap import sample_scores
-
         picked = list(rows)
-        if len(picked) > self.table_rows:
-            picked = random.Random(self.seed).sample(picked, self.table_rows)
-        scores = sample_scores(benchmark, picked)
-        table = self._wandb.Table(columns=["id", "task", "question", "answers", "prediction", "correct"])
-        for row, score in zip(picked, scores, strict=True):
-            answers = row.get("answers")
-            answers = " | ".join(map(str, answers)) if isinstance(answers, list) else str(answers)
-            table.add_data(row.get("id"), row["task"], row.get("question"), answers, row["prediction"], score / 100)
-        return table
+        picked = random.Random(self.seed).sample(picked, self.table_rows) if len(picked) > self.table_rows else picked
+        data = []
+        for row, score in zip(picked, sample_scores(benchmark, picked), strict=True):
+            answers = " | ".join(map(str, a)) if isinstance(a := row.get("answers"), list) else str(a)
+            data.append([row.get("id"), row["task"], row.get("question"), answers, row["prediction"], score / 100])
+        return self._wandb.Table(columns=["id", "task", "question", "answers", "prediction", "correct"], data=data)
 
     def finish(self, exit_code: int = 0) -> None:
         """Close the wandb run; a non-zero exit code marks it failed (an interrupted run)."""
@@ -164,45 +138,31 @@ class Tracker:
         self._run = None
 
 
-def _csv_rows(text: str) -> tuple[list[str], list[list[str]]]:
-    rows = list(csv.reader(io.StringIO(text)))
-    return rows[0], rows[1:]
+def _table(wandb, frame, **options):
+    """A DataFrame as a ``wandb.Table``."""
+    return wandb.Table(columns=list(frame.columns), data=frame.astype(object).to_numpy().tolist(), **options)
 
 
 def log_report(report: "Report", plots: Sequence[Path], mode: str, project: str = "pressbench", dir=None) -> str:
-    """Log every table, every plot and a score-against-cr chart per benchmark to one summary run.
-
-    Returns the run's URL (online) or its local folder (offline).
-    """
+    """Log every table (as its CSV file holds it), every plot and a score-against-cr chart per benchmark to one
+    summary run; returns the run's URL (online) or its local folder (offline)."""
     wandb = _import_wandb(mode)
+    runs = report.frame.drop_duplicates("run")
+    benchmarks = sorted(runs.benchmark.unique())
+    name, config = f"report-{datetime.now():%Y-%m-%d_%H-%M-%S}", {"runs": len(runs), "benchmarks": benchmarks}
     run = wandb.init(
-        mode=mode,
-        project=project,
-        job_type="report",
-        name=f"report-{datetime.now().strftime('%Y-%m-%d_%H-%M-%S')}",
-        dir=dir,
-        config={"runs": len(report.runs), "benchmarks": sorted({r.benchmark for r in report.runs})},
-        reinit="create_new",
+        mode=mode, project=project, job_type="report", name=name, dir=dir, config=config, reinit="create_new"
     )
     try:
-        record: dict[str, Any] = {}
-        for table in report.tables():
-            header, rows = _csv_rows(table.csv)
-            record[f"tables/{table.name}"] = wandb.Table(columns=header, data=rows, allow_mixed_types=True)
-        for benchmark in sorted({r.benchmark for r in report.runs}):
-            data = [
-                [f"{r.label} · {r.model}", r.compression_ratio, r.score]
-                for r in report.runs
-                if r.benchmark == benchmark and r.score is not None
-            ]
-            chart_table = wandb.Table(columns=["method", "compression_ratio", "score"], data=data)
-            record[f"charts/{benchmark}"] = wandb.plot.line(
-                chart_table, "compression_ratio", "score", stroke="method", title=f"{benchmark}: score vs cr"
-            )
-        for path in plots:
-            record[f"plots/{Path(path).stem}"] = wandb.Image(str(path))
+        record = {f"tables/{t.name}": _table(wandb, t.cells(), allow_mixed_types=True) for t in report.tables()}
+        for benchmark in benchmarks:
+            scored = runs[(runs.benchmark == benchmark) & runs.score.notna()]
+            points = scored.assign(method=scored.label + " · " + scored.model, compression_ratio=scored.cr)
+            chart = _table(wandb, points[["method", "compression_ratio", "score"]])
+            line = {"stroke": "method", "title": f"{benchmark}: score vs cr"}
+            record[f"charts/{benchmark}"] = wandb.plot.line(chart, "compression_ratio", "score", **line)
+        record |= {f"plots/{Path(path).stem}": wandb.Image(str(path)) for path in plots}
         run.log(record)
-        location = run.url if mode == "online" else str(Path(run.dir).parent)
+        return run.url if mode == "online" else str(Path(run.dir).parent)
     finally:
         run.finish()
-    return location

@@ -4,11 +4,12 @@ from dataclasses import dataclass
 
 import torch
 from kvpress import ChunkKVPress as UpstreamChunkKVPress
-from torch import nn
+
+from presses.exact_budget import ExactBudgetSelection
 
 
 @dataclass
-class ExactChunkKVPress(UpstreamChunkKVPress):
+class ExactChunkKVPress(ExactBudgetSelection, UpstreamChunkKVPress):
     """ChunkKV (https://arxiv.org/abs/2502.00299) that keeps the same number of tokens in every layer.
 
     Token scores from the inner scorer are summed over heads; each chunk of ``chunk_length`` consecutive
@@ -33,22 +34,8 @@ class ExactChunkKVPress(UpstreamChunkKVPress):
 
     chunk_length: int = 10
 
-    def compress(
-        self,
-        module: nn.Module,
-        hidden_states: torch.Tensor,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        attentions: torch.Tensor,
-        kwargs: dict,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.press.compression_ratio == 0:
-            return keys, values
-        kv_len = keys.shape[2]
-        budget = max(1, int(kv_len * (1 - self.press.compression_ratio)))
-        # One selection shared by all heads, from batch element 0: the convention of upstream ChunkKV.
-        scores = self.press.score(module, hidden_states, keys, values, attentions, kwargs).sum(dim=1)[0].float()
-
+    def select(self, scores: torch.Tensor, budget: int) -> torch.Tensor:
+        kv_len = scores.shape[0]
         chunk_of_token = torch.arange(kv_len, device=scores.device) // self.chunk_length
         n_chunks = int(chunk_of_token[-1]) + 1
         chunk_sizes = torch.bincount(chunk_of_token, minlength=n_chunks)
@@ -65,5 +52,4 @@ class ExactChunkKVPress(UpstreamChunkKVPress):
             end = start + int(chunk_sizes[partial])
             keep[start + torch.topk(scores[start:end], leftover).indices] = True
 
-        indices = keep.nonzero().squeeze(-1)
-        return keys.index_select(2, indices), values.index_select(2, indices)
+        return keep

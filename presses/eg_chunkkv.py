@@ -5,7 +5,8 @@ from dataclasses import dataclass
 
 import torch
 from kvpress import EntropyGatedChunkKVPress as UpstreamEntropyGatedChunkKVPress
-from torch import nn
+
+from presses.exact_budget import ExactBudgetSelection
 
 # The constant of kvpress's entropy; the gate compares entropies, so it must be the same to select the same chunks.
 EPSILON = 1e-8
@@ -24,7 +25,7 @@ def normalized_entropy(scores: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
-class EntropyGatedChunkKVPress(UpstreamEntropyGatedChunkKVPress):
+class EntropyGatedChunkKVPress(ExactBudgetSelection, UpstreamEntropyGatedChunkKVPress):
     """EG-ChunkKV: ChunkKV whose important but spiky chunks keep only their top tokens.
 
     Token scores from the inner scorer are summed over heads (batch element 0, one selection shared by all
@@ -66,25 +67,6 @@ class EntropyGatedChunkKVPress(UpstreamEntropyGatedChunkKVPress):
         super().__post_init__()
         if self.entropy_threshold is not None and not 0.0 <= self.entropy_threshold <= 1.0:
             raise ValueError(f"entropy_threshold={self.entropy_threshold} must be in [0, 1] (or None for the median)")
-
-    def compress(
-        self,
-        module: nn.Module,
-        hidden_states: torch.Tensor,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        attentions: torch.Tensor,
-        kwargs: dict,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.press.compression_ratio == 0:
-            return keys, values
-        assert attentions is None, "EntropyGatedChunkKVPress does not support attentions."
-        kv_len = keys.shape[2]
-        budget = max(1, int(kv_len * (1 - self.press.compression_ratio)))
-        scores = self.press.score(module, hidden_states, keys, values, attentions, kwargs).sum(dim=1)[0].float()
-        indices = self.select(scores, budget).nonzero().squeeze(-1)
-        # index_select copies whole rows: the same tensors as upstream's gather with an expanded index, faster.
-        return keys.index_select(2, indices), values.index_select(2, indices)
 
     def select(self, scores: torch.Tensor, budget: int) -> torch.Tensor:
         """Boolean mask over the ``kv_len`` positions of ``scores``, with exactly ``budget`` positions set."""

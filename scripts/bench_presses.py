@@ -171,7 +171,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     # press=none compresses nothing, so it has nothing to time.
     presses = args.presses or sorted(
-        path.stem for path in (CONF_DIR / "press").glob("*.yaml") if OmegaConf.load(path).compresses
+        path.stem
+        for path in (CONF_DIR / "press").glob("*.yaml")
+        if OmegaConf.to_container(OmegaConf.load(path))["press"] is not None
     )
     scorers = args.scorers or sorted(path.stem for path in (CONF_DIR / "scorer").glob("*.yaml"))
     module, hidden_states, keys, values, kwargs = build_layer(args)

@@ -8,12 +8,16 @@
 
     python scripts/bench_sweep.py                                   # SmolLM2, chunkkv/eg_chunkkv x cr 0.5/0.7/0.9
     python scripts/bench_sweep.py --model tiny_random --max-seq-length 1024   # a quick check of the script itself
+    python scripts/bench_sweep.py --random-model --device cuda --dtype bfloat16  # Llama-3.1-8B's shape, random weights
 
 Prints wall time, samples/s, peak resident memory, the speed-up and whether every point's predictions are
-byte-identical, and writes the same table to results/bench/sweep_{device}.md.
+byte-identical, and writes the same table to results/bench/sweep_{device}.md (``--out-dir``), with each run's
+prefill and decode seconds, peak device memory and differing predictions in sweep_{device}.csv.
 """
 
 import argparse
+import csv
+import json
 import os
 import subprocess
 import sys
@@ -22,6 +26,13 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+# A random-weight model of Llama-3.1-8B's shape, built on the device by each process (evaluate/random_models.py);
+# shrink it with e.g. --override +model.source.num_hidden_layers=2.
+RANDOM_MODEL = [
+    "model=tiny_random",
+    "model.name=random-llama-8b",
+    "model.source._target_=evaluate.random_models.RandomModel",
+]
 
 
 def timed(command: list[str]) -> tuple[float, float]:
@@ -36,31 +47,63 @@ def timed(command: list[str]) -> tuple[float, float]:
     return wall, usage.ru_maxrss / 1024
 
 
-def main() -> None:
+def read_rows(path: Path) -> dict[str, str]:
+    """Prediction of every sample id in a predictions.jsonl (empty when the file is missing)."""
+    if not path.exists():
+        return {}
+    rows = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
+    return {row["id"]: row["prediction"] for row in rows}
+
+
+def run_record(directory: Path) -> dict:
+    path = directory / "run.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2_135m")
+    parser.add_argument(
+        "--random-model",
+        action="store_true",
+        help="instead of --model: a random-weight model of Llama-3.1-8B's shape (evaluate/random_models.py)",
+    )
+    parser.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        help="extra Hydra override for every run, repeatable (e.g. +model.source.num_hidden_layers=2)",
+    )
+    parser.add_argument("--dtype", help="model dtype for every run (default: the config's)")
+    parser.add_argument("--out-dir", type=Path, default=REPO / "results" / "bench", help="where the tables go")
     parser.add_argument("--presses", default="chunkkv,eg_chunkkv")
     parser.add_argument("--crs", default="0.5,0.7,0.9")
     parser.add_argument("--tasks", default="niah_single_1,niah_multikey_2", help="ruler_synth tasks")
     parser.add_argument("--limit", type=int, default=4, help="contexts per task")
     parser.add_argument("--max-seq-length", type=int, default=4096)
     parser.add_argument("--device", default="cpu")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    model_overrides = RANDOM_MODEL if args.random_model else [f"model={args.model}"]
+    model_label = "random-llama-8b (random weights)" if args.random_model else args.model
+    if args.override:
+        model_label += f" [{' '.join(args.override)}]"
 
     common = [
-        f"model={args.model}",
+        *model_overrides,
         "benchmark=ruler_synth",
         f"benchmark.tasks=[{args.tasks}]",
         f"benchmark.max_seq_length={args.max_seq_length}",
         f"limit={args.limit}",
         f"device={args.device}",
+        *([f"dtype={args.dtype}"] if args.dtype else []),
+        *args.override,
     ]
     points = [(press, cr) for press in args.presses.split(",") for cr in args.crs.split(",")]
     n_samples = len(points) * args.limit * len(args.tasks.split(","))
     python = [sys.executable, "-m", "evaluate"]
     with tempfile.TemporaryDirectory() as scratch:
         shared_dir, separate_dir = Path(scratch) / "shared", Path(scratch) / "separate"
-        print(f"{len(points)} points x {n_samples // len(points)} samples on {args.model} ({args.device})")
+        print(f"{len(points)} points x {n_samples // len(points)} samples on {model_label} ({args.device})")
         # Dequantize/cache the model and warm the file cache once, outside both timings.
         subprocess.run([*python, *common, "limit=1", "press=none", f"output_dir={scratch}/warm"], cwd=REPO, check=True)
 
@@ -84,6 +127,27 @@ def main() -> None:
             for name in runs
             for directory in (shared_dir, one_by_one_dir)
         )
+        details = []
+        for name in runs:
+            reference = read_rows(separate_dir / name / "predictions.jsonl")
+            for way, directory in (("harness", shared_dir), ("harness_one_by_one", one_by_one_dir), ("separate", None)):
+                record = run_record((directory or separate_dir) / name)
+                predictions = reference if directory is None else read_rows(directory / name / "predictions.jsonl")
+                details.append(
+                    {
+                        "way": way,
+                        "run": name,
+                        "samples": len(predictions),
+                        "differing_from_separate": sum(
+                            predictions.get(key) != value for key, value in reference.items()
+                        ),
+                        "wall_s": record.get("wall_seconds"),
+                        "prefill_s": record.get("prefill_seconds"),
+                        "decode_s": record.get("decode_seconds"),
+                        "peak_memory_mb": record.get("peak_memory_mb"),
+                        "device": record.get("device"),
+                    }
+                )
 
     rows = [
         ("harness (shared prefill, one model load, batched decoding)", shared_wall, shared_peak),
@@ -91,7 +155,7 @@ def main() -> None:
         ("one process per point (kvpress evaluation)", separate_wall, separate_peak),
     ]
     lines = [
-        f"Sweep: {args.model}, presses {args.presses} x cr {args.crs}, ruler_synth {args.tasks} x {args.limit}, "
+        f"Sweep: {model_label}, presses {args.presses} x cr {args.crs}, ruler_synth {args.tasks} x {args.limit}, "
         f"max_seq_length {args.max_seq_length}, {args.device}; {n_samples} samples in all.",
         "",
         "| way | wall s | samples/s | peak RSS MiB |",
@@ -104,10 +168,16 @@ def main() -> None:
     ]
     report = "\n".join(lines)
     print(report)
-    out = REPO / "results" / "bench" / f"sweep_{args.device}.md"
+    device_kind = args.device.split(":")[0]
+    out = args.out_dir / f"sweep_{device_kind}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(report + "\n")
-    print(f"written to {out}")
+    # Per run: run.json's cumulative seconds and peak memory (device memory on CUDA, resident memory on CPU).
+    with out.with_suffix(".csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(details[0]) if details else ["way"])
+        writer.writeheader()
+        writer.writerows(details)
+    print(f"written to {out} and {out.with_suffix('.csv')}")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from hydra.errors import MissingConfigException
 from evaluate import rundir
 from evaluate.config import ConfigError, attention_implementation, fingerprint, method_name, run_dir, run_name
 from evaluate.models import TinyRandomModel
-from evaluate.runner import run
+from evaluate.sweep import run
 from tests.support import compose_config, with_shared_context
 
 REPO = Path(__file__).resolve().parent.parent

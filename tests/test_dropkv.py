@@ -9,7 +9,7 @@ from transformers import DynamicCache
 from evaluate import rundir
 from evaluate.config import run_dir
 from evaluate.models import TinyRandomModel
-from evaluate.runner import run
+from evaluate.sweep import run
 from scorers.dropkv import DropKVPress, dropkv_scores
 from tests.support import assert_kept, compose_config, with_shared_context
 
@@ -36,18 +36,23 @@ def brute_force_scores(queries, keys, values, scaling):
     return scores
 
 
-@pytest.mark.parametrize(("heads", "kv_heads"), [(4, 2), (3, 3), (4, 1)])
-def test_closed_form_equals_brute_force_eviction(heads, kv_heads):
+def sink_inputs(heads: int, kv_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+    """Queries, keys, values and scaling with a sink key every query leans towards, and values sharing an offset,
+    as in real models."""
     generator = torch.Generator().manual_seed(heads * 10 + kv_heads)
     batch, window, seq, head_dim = 2, 6, 40, 16
     queries = torch.randn(batch, heads, window, head_dim, generator=generator)
     keys = torch.randn(batch, kv_heads, seq, head_dim, generator=generator)
-    # A sink key that every query leans towards, and values sharing an offset, as in real models.
     sink = torch.nn.functional.normalize(torch.randn(head_dim, generator=generator), dim=0)
     queries += 2 * sink
     keys[:, :, 3] = 8 * sink
     values = torch.randn(batch, kv_heads, seq, head_dim, generator=generator) + 5
-    scaling = head_dim**-0.5
+    return queries, keys, values, head_dim**-0.5
+
+
+@pytest.mark.parametrize(("heads", "kv_heads"), [(4, 2), (3, 3), (4, 1)])
+def test_closed_form_equals_brute_force_eviction(heads, kv_heads):
+    queries, keys, values, scaling = sink_inputs(heads, kv_heads)
 
     sink_probs = (queries @ keys.repeat_interleave(heads // kv_heads, dim=1).transpose(2, 3) * scaling).softmax(-1)
     # Where p -> 1 the weight (p / (1 - p))² is large and the expansion of ‖v_j - o_i‖² cancels most.
@@ -57,7 +62,7 @@ def test_closed_form_equals_brute_force_eviction(heads, kv_heads):
     actual = dropkv_scores(queries, keys, values, scaling, epsilon=0.0)
 
     assert actual.dtype == torch.float32
-    assert actual.shape == (batch, heads, seq)
+    assert actual.shape == (keys.shape[0], heads, keys.shape[2])
     torch.testing.assert_close(actual.double(), expected, rtol=1e-4, atol=1e-6 * expected.max().item())
 
 

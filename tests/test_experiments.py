@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from evaluate import rundir
@@ -76,10 +77,10 @@ def test_eg_chunkkv_pr_is_the_prs_grid_on_llama():
     assert len(cfgs) == 48
     for cfg in cfgs:
         assert cfg.limit is None and cfg.model.source.name_or_path == "meta-llama/Llama-3.1-8B-Instruct"
-        if cfg.press.compresses:
+        if cfg.press.press is not None:
             assert cfg.press.press.chunk_length == 10
         if cfg.benchmark.name == "ruler":
-            assert cfg.benchmark.data_dir == "4096"
+            assert instantiate(cfg.benchmark).data_dir == "4096"
 
 
 def test_dropkv_leaderboard_is_ruler_query_aware_on_both_leaderboard_models():
@@ -91,7 +92,7 @@ def test_dropkv_leaderboard_is_ruler_query_aware_on_both_leaderboard_models():
     cfgs = check_expansion("dropkv_leaderboard", expected)
     assert len(cfgs) == 42
     for cfg in cfgs:
-        assert cfg.limit is None and cfg.benchmark.data_dir == "4096"
+        assert cfg.limit is None and instantiate(cfg.benchmark).data_dir == "4096"
         if method_name(cfg) == "chunkkv":
             # The leaderboard's ChunkKVPress(SnapKVPress(), chunk_length=20), kvpress's class.
             assert cfg.press.press.chunk_length == 20 and cfg.press.press._target_ == "kvpress.ChunkKVPress"
@@ -117,7 +118,7 @@ def test_smoke_has_both_presets_shapes_on_the_embedded_model():
     for cfg in cfgs:
         assert cfg.limit == 1 and list(cfg.benchmark.tasks) == ["niah_single_1", "fwe"]
         assert cfg.benchmark.max_seq_length == 1024
-        if cfg.query_aware and cfg.press.compresses and cfg.press.press._target_ == "kvpress.ChunkKVPress":
+        if cfg.query_aware and cfg.press.press is not None and cfg.press.press._target_ == "kvpress.ChunkKVPress":
             assert method_name(cfg) == "chunkkv" and cfg.press.press.chunk_length == 20
 
 

@@ -29,8 +29,7 @@ from evaluate import rundir
 from evaluate.config import method_name, run_dir
 from evaluate.models import TinyRandomModel
 from evaluate.registry import PRESS_REGISTRY
-from evaluate.runner import run
-from evaluate.sweep import run_sweep
+from evaluate.sweep import run, run_sweep
 from tests.support import FILLER, compose_config
 
 CR = 0.5

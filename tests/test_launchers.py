@@ -17,7 +17,7 @@ from submitit.core.utils import DelayedSubmission
 
 from evaluate import rundir
 from evaluate.config import run_dir
-from evaluate.runner import run
+from evaluate.sweep import run
 from hydra_plugins.pressbench_gpus_launcher.gpus_launcher import _outcomes, _Worker, partition, visible_gpus
 from tests.support import SharedContextBenchmark, compose_config
 

@@ -8,8 +8,9 @@ import pytest
 import yaml
 
 from evaluate import leaderboard
+from evaluate.benchmarks.ruler import TASKS as RULER_TASKS
 from evaluate.leaderboard import main
-from evaluate.report import RULER_TASKS, collect_runs
+from evaluate.results.runs import collect_runs
 from tests.fixtures.runs.builder import ruler_benchmark, uniform, write_run
 
 QWEN = "Qwen/Qwen3-8B"
@@ -177,3 +178,31 @@ def test_local_model_paths_are_refused_since_the_leaderboard_names_models_by_hub
     with pytest.raises(SystemExit):
         main([str(root), "--out", str(tmp_path / "submission")])
     assert "model /models/Qwen3-8B is not a hub id" in capsys.readouterr().err
+
+
+def test_names_that_would_pass_for_a_registry_entry_they_are_not_are_refused(tmp_path, capsys):
+    root = tmp_path / "runs"
+    write_run(root, uniform([True]), method="expected_attention_variant", cr=0.5, model=QWEN)
+    # Recorded before names followed the registry: topk over ExpectedAttentionPress, named expected_attention.
+    topk = write_run(root, uniform([True]), method="expected_attention", cr=0.25, model=QWEN)
+    entry = write_run(root, uniform([True]), method="expected_attention", cr=0.75, model=QWEN)
+    for run, press in (
+        (topk, {"_target_": "kvpress.ExpectedAttentionPress", "compression_ratio": 0.25}),
+        (
+            entry,
+            {
+                "_target_": "kvpress.AdaKVPress",
+                "press": {"_target_": "kvpress.ExpectedAttentionPress", "epsilon": 0.01},
+            },
+        ),
+    ):
+        record = yaml.safe_load((run / "config.yaml").read_text())
+        record["config"]["press"]["press"] = press
+        (run / "config.yaml").write_text(yaml.safe_dump(record))
+    out = tmp_path / "submission"
+    main([str(root), "--out", str(out), "--allow-partial"])
+    err = capsys.readouterr().err
+    assert "no leaderboard name: expected_attention_variant is not kvpress's expected_attention entry" in err
+    assert f"refused {topk}: no leaderboard name: expected_attention was run with" in err
+    exported = sorted(path.name for path in out.iterdir() if path.is_dir())
+    assert exported == ["ruler__4096__Qwen--Qwen3-8B__expected_attention__0.75"]

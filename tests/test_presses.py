@@ -14,8 +14,9 @@ from kvpress.utils import compute_n_kept
 from transformers import DynamicCache
 
 from evaluate.config import run_name
+from evaluate.layer_masks import fit_masks_to_layers
 from evaluate.models import TinyRandomModel
-from evaluate.runner import load_model, measure_kept_ratio
+from evaluate.runner import measure_kept_ratio
 from presses.eg_chunkkv import EntropyGatedChunkKVPress
 from tests.support import CONF_DIR, compose_config, kept_bounds
 
@@ -161,7 +162,8 @@ def test_eg_chunkkv_and_upstream_compress_a_real_prefill_identically(tmp_path, t
 def test_kvpress_chunkkv_leaves_uneven_layers_which_the_harness_model_decodes(tmp_path):
     # A random Qwen3, 523 tokens (52 chunks and a 3-token tail), cr 0.9, sdpa: kvpress keeps int(53 * 0.1) = 5
     # chunks per layer, and on this context one layer took the tail and the other did not.
-    model = load_model(TinyRandomModel(architecture="qwen3"), "cpu", "float32", "sdpa")
+    model = TinyRandomModel(architecture="qwen3").load_model("cpu", "float32", "sdpa")
+    fit_masks_to_layers(model)
     question = torch.randint(0, model.config.vocab_size, (1, 7), generator=torch.Generator().manual_seed(1))
 
     def compose_press(name: str):

@@ -6,6 +6,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -16,7 +17,8 @@ from evaluate import rundir
 from evaluate.benchmarks import Sample
 from evaluate.config import ConfigError, run_dir
 from evaluate.models import TinyRandomModel
-from evaluate.runner import check_samples, run, select_fraction, truncate
+from evaluate.plan import check_samples, select_fraction, truncate
+from evaluate.sweep import run, run_sweep
 from tests.support import SharedContextBenchmark, compose_config, with_shared_context
 
 REPO = Path(__file__).resolve().parent.parent
@@ -81,9 +83,8 @@ def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run(tmp_p
     assert record["status"] == "complete" and record["sessions"] >= kills
 
 
-def test_a_second_process_on_a_running_directory_is_refused_with_the_holders_name(tmp_path):
-    cfg = with_shared_context(compose_config(tmp_path, "press=topk"))
-    out = run_dir(cfg)
+def hold(out: Path) -> subprocess.Popen:
+    """Another process holding ``out``'s lock until killed."""
     holder = subprocess.Popen(
         [
             sys.executable,
@@ -96,8 +97,15 @@ def test_a_second_process_on_a_running_directory_is_refused_with_the_holders_nam
         stdout=subprocess.PIPE,
         text=True,
     )
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_a_second_process_on_a_running_directory_is_refused_with_the_holders_name(tmp_path):
+    cfg = with_shared_context(compose_config(tmp_path, "press=topk"))
+    out = run_dir(cfg)
+    holder = hold(out)
     try:
-        assert holder.stdout.readline().strip() == "held"
         with pytest.raises(rundir.RunLocked, match=f"pid {holder.pid} on "):
             run(cfg)
     finally:
@@ -108,6 +116,63 @@ def test_a_second_process_on_a_running_directory_is_refused_with_the_holders_nam
     run(cfg)
     assert rundir.read_json(out / rundir.RUN)["status"] == "complete"
     assert str(os.getpid()) in (out / rundir.LOCK).read_text()
+
+
+def test_a_sweep_leaves_held_points_to_their_holder_runs_the_rest_and_lists_them(tmp_path, capsys):
+    cfgs = [
+        with_shared_context(compose_config(tmp_path, "press=topk", f"cr={cr}", "limit=1")) for cr in (0.2, 0.4, 0.6)
+    ]
+    holder = hold(run_dir(cfgs[1]))
+    try:
+        metrics = run_sweep(cfgs)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert metrics[1] is None and metrics[0] is not None and metrics[2] is not None
+    assert not (run_dir(cfgs[1]) / rundir.PREDICTIONS).exists()
+    printed = capsys.readouterr().out
+    assert "1 of 3 points were left to the processes holding them; rerun to resume them:" in printed
+    assert f"{run_dir(cfgs[1])} (held by pid {holder.pid} on " in printed
+    # Rerun: the two finished points are complete, the third runs now.
+    assert all(m is not None for m in run_sweep(cfgs))
+
+
+def test_wait_for_locks_waits_for_the_holder_instead(tmp_path):
+    cfgs = [
+        with_shared_context(compose_config(tmp_path, "press=topk", f"cr={cr}", "limit=1", "wait_for_locks=true"))
+        for cr in (0.2, 0.4)
+    ]
+    holder = hold(run_dir(cfgs[1]))
+    threading.Timer(2.0, holder.kill).start()
+    try:
+        metrics = run_sweep(cfgs)
+    finally:
+        holder.wait()
+    assert all(m is not None for m in metrics)
+    assert rundir.read_json(run_dir(cfgs[1]) / rundir.RUN)["status"] == "complete"
+
+
+def test_a_model_that_cannot_be_loaded_is_refused_in_one_line_naming_the_fix(tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "evaluate",
+            "model=hub",
+            f"model.name_or_path={tmp_path}/nonexistent",
+            f"output_dir={tmp_path}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert result.returncode == 2
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: the tokenizer of ") and "could not be loaded" in last
+    assert "point the model's name_or_path at a local directory holding config.json" in last
+    assert "Traceback" not in result.stderr
 
 
 def test_resuming_with_a_different_configuration_is_refused(tmp_path):

@@ -6,14 +6,25 @@ Every sample scores 1 or 0, so a task scores 100 x (correct / samples) and a run
 import csv
 import io
 import struct
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
 
+from evaluate.benchmarks import Source
+from evaluate.benchmarks.longbench import LongBench
+from evaluate.benchmarks.loogle import Loogle
+from evaluate.benchmarks.ruler import TASKS as RULER_TASKS
 from evaluate.benchmarks.ruler import Ruler
+from evaluate.benchmarks.ruler_synth import RulerSynth
 from evaluate.bootstrap import Decomposition, difference_interval, headline_interval
-from evaluate.report import RULER_TASKS, build_report, collect_runs, diff_table, load_references, main
+from evaluate.report import main
+from evaluate.results.compare import load_references
+from evaluate.results.differences import Effect, diff_table, load_effects
+from evaluate.results.report import build_report
+from evaluate.results.runs import collect_runs
 from tests.fixtures.runs.builder import LLAMA, ruler_benchmark, uniform, write_run
 
 # eg_chunkkv_snapkv at cr 0.9: the first six tasks all right, the other seven half right.
@@ -124,6 +135,80 @@ def test_runs_of_one_method_that_differ_in_a_setting_get_their_own_rows(tmp_path
     report = report_of(root, resamples=0)
     lines = report.headline[0].markdown.splitlines()
     assert lines[2:] == ["| ruler | snapkv [seed=1] | 100.00 n=26 |", "| ruler | snapkv [seed=2] | 50.00 n=26 |"]
+
+
+def test_the_eg_chunkkv_preset_shows_the_gate_effect_against_both_chunkkvs(tmp_path):
+    root = tmp_path / "runs"
+    write_run(root, EG_AT_90, method="eg_chunkkv_snapkv", cr=0.9)
+    write_run(root, uniform([True, False]), method="chunkkv_snapkv", cr=0.9)
+    write_run(root, uniform([True, True]), method="chunkkv_exact_snapkv", cr=0.9)
+    effects = load_effects("eg_chunkkv_pr")
+    assert [(effect.name, effect.a, effect.b) for effect in effects] == [
+        ("gate_effect", "eg_chunkkv_{scorer}", "chunkkv_{scorer}"),
+        ("gate_effect_exact", "eg_chunkkv_{scorer}", "chunkkv_exact_{scorer}"),
+    ]
+    kvpress, exact = report_of(root, resamples=0, effects=effects).differences
+    assert kvpress.title.startswith("Gate effect vs kvpress's ChunkKV")
+    assert exact.title.startswith("Gate effect at an equal budget")
+    assert kvpress.markdown.splitlines()[2] == "| ruler | snapkv | +23.08 |"
+    # chunkkv_exact_snapkv scores 100: the gate loses 26.92 against it.
+    assert exact.markdown.splitlines()[2] == "| ruler | snapkv | -26.92 |"
+    assert [row["method_b"] for row in read_csv(exact.csv)] == ["chunkkv_exact_snapkv"]
+    # The default configuration has the first table only.
+    (default,) = report_of(root, resamples=0).differences
+    assert default.csv == kvpress.csv
+
+
+def test_an_effect_pairs_the_methods_its_scorer_patterns_share():
+    effect = Effect(name="e", title="t", a="eg_chunkkv_{scorer}", b="chunkkv_{scorer}")
+    methods = ["eg_chunkkv_snapkv", "chunkkv_snapkv", "chunkkv_exact_tova", "eg_chunkkv_tova", "snapkv", "no_press"]
+    assert effect.method_pairs(methods) == [("snapkv", "eg_chunkkv_snapkv", "chunkkv_snapkv")]
+    suffixed = Effect(name="e", title="t", a="adakv_{scorer}", b="{scorer}")
+    assert suffixed.method_pairs(["adakv_dropkv", "dropkv", "adakv_snapkv"]) == [("dropkv", "adakv_dropkv", "dropkv")]
+
+
+@dataclass
+class TwoTaskRuler(Ruler):
+    """A benchmark added by its module alone: the report reads its full extent from the class."""
+
+    all_tasks: ClassVar[tuple[str, ...]] = ("vt", "cwe")
+    source: ClassVar[Source] = Source(dataset="me/two-tasks")
+    name: str = "two_tasks"
+    dataset: str = "me/two-tasks"
+
+
+def test_partial_reasons_come_from_the_benchmark_the_run_recorded(tmp_path):
+    root = tmp_path / "runs"
+    benchmark = {"_target_": f"{__name__}.TwoTaskRuler", "name": "two_tasks", "dataset": "me/two-tasks"}
+    write_run(root, {"vt": [True, False], "cwe": [True, True]}, method="snapkv", cr=0.5, benchmark=benchmark)
+    write_run(root, {"vt": [True]}, method="snapkv", cr=0.7, benchmark={**benchmark, "dataset": "other/data"})
+    runs, _ = collect_runs(root)
+    reasons = {run.compression_ratio: run.partial_reasons for run in runs}
+    assert reasons == {
+        0.5: [],
+        0.7: ["1 of 2 tasks (missing cwe)", "dataset other/data, not the hub dataset me/two-tasks"],
+    }
+
+
+def test_every_benchmark_judges_its_own_coverage():
+    config = {"limit": None, "fraction": 0.5, "benchmark": {}}
+    rows = [{"task": "shortdep_qa"}, {"task": "longdep_qa", "error": "out of memory"}]
+    assert Loogle(path="/data/loogle").coverage(rows, config) == [
+        "fraction=0.5",
+        "2 of 4 tasks (missing longdep_summarization, shortdep_cloze)",
+        "local data benchmark.path=/data/loogle, not the hub dataset simonjegou/loogle",
+        "1 samples failed",
+    ]
+    assert LongBench().coverage([{"task": task} for task in LongBench.all_tasks], {"limit": 1}) == [
+        "limit=1 samples per task"
+    ]
+    synthetic = [{"task": task} for task in RulerSynth.all_tasks for _ in range(3)]
+    assert RulerSynth(num_samples=3).coverage(synthetic, {"limit": 5}) == []
+    assert RulerSynth(num_samples=4).coverage(synthetic, {"limit": None}) == ["3 of 4 samples per task"]
+    assert RulerSynth(num_samples=4, tasks=["vt"]).coverage([{"task": "vt"}] * 3, {}) == [
+        "3 of 4 samples per task",
+        "1 of 13 tasks (missing niah_single_1, niah_single_2, niah_single_3, niah_multikey_1, ...)",
+    ]
 
 
 def test_compare_puts_measured_published_and_delta_side_by_side(runs_dir, tmp_path):

@@ -6,9 +6,10 @@ import pytest
 
 from evaluate import rundir
 from evaluate.config import method_name, run_dir
-from evaluate.runner import run
 from evaluate.score import main as score_main
-from tests.support import assert_kept, compose_config, with_shared_context
+from evaluate.summary import run_summary
+from evaluate.sweep import run
+from tests.support import SharedContextBenchmark, assert_kept, compose_config, with_shared_context
 
 PRESSES = ["topk", "chunkkv", "chunkkv_exact", "eg_chunkkv", "adakv"]
 SCORERS = ["snapkv", "expected_attention", "tova", "knorm", "keydiff", "streaming_llm", "random"]
@@ -178,3 +179,21 @@ def test_presses_run_on_a_tiny_qwen3(tmp_path, press):
     assert len(rows) == 6
     for row in rows:
         assert_kept(press, row, 0.5)
+
+
+def test_a_single_run_ends_with_its_score_next_to_the_uncompressed_one(tmp_path):
+    compressed = with_shared_context(compose_config(tmp_path, "press=eg_chunkkv", "cr=0.5", "limit=1"))
+    metrics = run(compressed)
+    first = run_summary(compressed, metrics)
+    assert f"eg_chunkkv_snapkv at cr 0.50 on shared_context (tiny-random, 2 samples): score {metrics['score']}" in first
+    assert "of the KV pairs kept on average" in first
+    assert "uncompressed score of these samples: python -m evaluate press=none" in first
+    assert f"files: {run_dir(compressed)}/" in first and "python -m evaluate.report" in first
+
+    # The uncompressed run of more samples than these: the summary scores it on these samples alone.
+    uncompressed = with_shared_context(compose_config(tmp_path, "press=none", "limit=3"))
+    run(uncompressed)
+    rows = rundir.read_predictions(run_dir(uncompressed) / rundir.PREDICTIONS)
+    same = [row for row in rows if row["id"] in {"doc-0-0", "doc-0-1"}]
+    expected = SharedContextBenchmark().score(same)["score"]
+    assert f"uncompressed, same samples: score {expected} ({run_dir(uncompressed)})" in run_summary(compressed, metrics)

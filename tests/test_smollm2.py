@@ -4,7 +4,7 @@ import pytest
 
 from evaluate import rundir
 from evaluate.config import run_dir
-from evaluate.runner import run
+from evaluate.sweep import run
 from tests.support import compose_config
 
 pytestmark = pytest.mark.slow

@@ -6,11 +6,11 @@ from hydra.utils import instantiate
 from kvpress import AdaKVPress
 from transformers import DynamicCache
 
-from evaluate import rundir, runner
+from evaluate import rundir
 from evaluate.config import run_dir
 from evaluate.models import TinyRandomModel
-from evaluate.runner import run
-from evaluate.sweep import PrefillCapture, compressed_cache, run_sweep, shares_prefill
+from evaluate.plan import make_plan
+from evaluate.sweep import PrefillCapture, compressed_cache, run, run_sweep, shares_prefill
 from tests.support import compose_config, with_shared_context
 
 PRESSES = ("topk", "chunkkv", "chunkkv_exact", "eg_chunkkv", "adakv")
@@ -78,19 +78,15 @@ def test_a_sweep_loads_each_model_once(tmp_path, monkeypatch):
         return original(self, *args)
 
     monkeypatch.setattr(TinyRandomModel, "load_model", counting)
-    monkeypatch.setattr(runner, "_loaded", {})
     run_sweep(configs(tmp_path)[:5])
-    assert len(loads) == 1
-    # A sequential Hydra multirun calls run() once per job in one process: the model is reused there too.
-    for cfg in configs(tmp_path / "jobs")[:3]:
-        run(cfg)
     assert len(loads) == 1
 
 
 def test_points_that_cannot_share_take_the_pipeline_path(tmp_path):
     eager = with_shared_context(compose_config(tmp_path, "press=topk", "attn_implementation=eager", "limit=null"))
     shared = with_shared_context(compose_config(tmp_path, "press=topk"))
-    assert not shares_prefill(runner.Point(eager)) and shares_prefill(runner.Point(shared))
+    tokenizer = TinyRandomModel().load_tokenizer()
+    assert not shares_prefill(make_plan(eager, tokenizer)) and shares_prefill(make_plan(shared, tokenizer))
     metrics = run_sweep(
         [
             eager,

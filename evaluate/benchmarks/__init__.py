@@ -1,14 +1,23 @@
-"""Benchmarks: one module per benchmark, each declaring its loader, prompt format and metric.
+"""Benchmarks: one module per benchmark, each declaring its loader, prompt format, metric and full extent.
 
-A benchmark object (instantiated from ``conf/benchmark/<name>.yaml``) exposes:
+A benchmark is a :class:`Benchmark` dataclass in its own module, instantiated from ``conf/benchmark/<name>.yaml``
+(docs/benchmarks.md). It exposes:
 
 - ``name``: the benchmark name used in run directories and metrics.json;
+- ``all_tasks``: every task of the full benchmark, which a run is measured against;
+- ``source``: the hub dataset (and data_dir) of the full benchmark; None for data generated locally;
+- ``fraction_by_task``: whether ``fraction`` draws within each task's rows (one hub data_dir per task, as kvpress
+  loads them) or from all rows at once;
 - ``load(tokenizer, limit) -> list[Sample]``: the samples to run, at most ``limit`` per task;
-- ``score(rows) -> dict``: metrics.json content computed from prediction rows alone.
+- ``score(rows) -> dict``: metrics.json content computed from prediction rows alone;
+- ``coverage(rows, config) -> list[str]``: why a run covers less than the full benchmark (empty when it is full).
 """
 
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 
 @dataclass(frozen=True)
@@ -29,3 +38,76 @@ class Sample:
     max_new_tokens: int
     chat_template: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where the full benchmark lives on the Hugging Face hub."""
+
+    dataset: str
+    data_dir: str | None = None  # None: one data_dir per task
+    samples_per_task: int | None = None  # None: it differs between tasks
+
+
+class Benchmark(ABC):
+    """A benchmark: its data, its metric and what a full run of it covers.
+
+    Subclasses are dataclasses that set ``all_tasks`` (and ``source`` when they read hub data, in which case they
+    also have ``dataset`` and ``path`` fields: the dataset a run reads, or local files instead).
+    """
+
+    name: str
+    all_tasks: ClassVar[tuple[str, ...]]
+    source: ClassVar[Source | None] = None
+    fraction_by_task: ClassVar[bool]
+
+    @abstractmethod
+    def load(self, tokenizer, limit: int | None = None) -> list[Sample]: ...
+
+    @abstractmethod
+    def score(self, rows: list[dict]) -> dict: ...
+
+    def coverage(self, rows: Sequence[dict], config: Mapping[str, Any]) -> list[str]:
+        """Why a run with these prediction rows and this resolved config covers less than the full benchmark."""
+        counts = Counter(row["task"] for row in rows)
+        return [
+            *self.sample_coverage(counts, config.get("limit")),
+            *fraction_coverage(config),
+            *self.task_coverage(counts),
+            *self.source_coverage(),
+            *failure_coverage(rows),
+        ]
+
+    def sample_coverage(self, counts: Mapping[str, int], limit: int | None) -> list[str]:
+        # The source's size per task is not known here: a task that reached the limit may have been cut.
+        if limit is not None and counts and max(counts.values()) >= int(limit):
+            return [f"limit={limit} samples per task"]
+        return []
+
+    def task_coverage(self, counts: Mapping[str, int], shown: int | None = 4) -> list[str]:
+        """The tasks of the full benchmark without a sample, the first ``shown`` of them named (None: all)."""
+        missing = [task for task in self.all_tasks if task not in counts]
+        if not missing:
+            return []
+        listed = ", ".join(missing[:shown]) + (", ..." if shown is not None and len(missing) > shown else "")
+        return [f"{len(self.all_tasks) - len(missing)} of {len(self.all_tasks)} tasks (missing {listed})"]
+
+    def source_coverage(self) -> list[str]:
+        if self.source is None:
+            return []
+        if self.path:
+            return [f"local data benchmark.path={self.path}, not the hub dataset {self.source.dataset}"]
+        if self.dataset != self.source.dataset:
+            return [f"dataset {self.dataset}, not the hub dataset {self.source.dataset}"]
+        return []
+
+
+def fraction_coverage(config: Mapping[str, Any]) -> list[str]:
+    """A share of the samples drawn at random, run-wide or by the benchmark."""
+    fractions = (config.get("fraction"), config.get("benchmark", {}).get("fraction"))
+    return [f"fraction={fraction}" for fraction in fractions if fraction is not None and float(fraction) < 1]
+
+
+def failure_coverage(rows: Sequence[dict]) -> list[str]:
+    failed = sum(1 for row in rows if row.get("error"))
+    return [f"{failed} samples failed"] if failed else []

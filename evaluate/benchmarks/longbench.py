@@ -41,7 +41,7 @@ from difflib import SequenceMatcher
 from functools import cache
 from typing import ClassVar
 
-from evaluate.benchmarks import Sample
+from evaluate.benchmarks import Benchmark, Sample, Source
 from evaluate.benchmarks.sources import require_columns, rows_by_task
 from evaluate.config import ConfigError
 
@@ -55,6 +55,7 @@ CATEGORIES: dict[str, tuple[str, ...]] = {
 }
 TASKS: tuple[str, ...] = tuple(task for tasks in CATEGORIES.values() for task in tasks)
 PROTOCOLS = ("kvpress", "official")
+HUB = Source(dataset="Xnhyacinth/LongBench")
 
 FIRST_LINE_TASKS = ("trec", "triviaqa", "samsum")
 # pred.py: "chat models are better off without build prompts on these tasks".
@@ -316,7 +317,7 @@ def score_predictions(rows: Iterable[dict], protocol: str = "kvpress", benchmark
 
 
 @dataclass
-class LongBench:
+class LongBench(Benchmark):
     """LongBench v1's 16 English and code tasks, from the kvpress hub dataset or local files.
 
     Parameters
@@ -346,7 +347,9 @@ class LongBench:
     max_length: int | None = DEFAULT_MAX_LENGTH
     tasks: list[str] | None = None
     path: str | None = None
-    dataset: str = "Xnhyacinth/LongBench"
+    all_tasks: ClassVar[tuple[str, ...]] = TASKS
+    source: ClassVar[Source] = HUB
+    dataset: str = HUB.dataset
     split: str = "test"
 
     def _check(self) -> list[str]:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import ClassVar
 
-from evaluate.benchmarks import Sample
+from evaluate.benchmarks import Benchmark, Sample, Source
 from evaluate.benchmarks.sources import require_columns, rows_by_task
 from evaluate.config import ConfigError
 
@@ -46,6 +46,7 @@ TASKS: tuple[str, ...] = (*TEXT_TASKS, CLOZE_TASK)
 
 COLUMNS = ("context", "question", "answer_prefix", "answer", "max_new_tokens")
 HEADLINE_LABEL = "ROUGE-L recall ×100, mean over the text tasks"
+HUB = Source(dataset="simonjegou/loogle")
 
 
 def _tokens(text: str) -> list[str]:
@@ -192,7 +193,7 @@ def score_predictions(rows: Iterable[dict], benchmark: str = "loogle", bertscore
 
 
 @dataclass
-class Loogle:
+class Loogle(Benchmark):
     """LooGLE's four kvpress tasks: shortdep_qa, longdep_qa, longdep_summarization and shortdep_cloze.
 
     Parameters
@@ -216,7 +217,9 @@ class Loogle:
     tasks: list[str] | None = None
     path: str | None = None
     bertscore: bool = False
-    dataset: str = "simonjegou/loogle"
+    all_tasks: ClassVar[tuple[str, ...]] = TASKS
+    source: ClassVar[Source] = HUB
+    dataset: str = HUB.dataset
     split: str = "test"
 
     def load(self, tokenizer, limit: int | None = None) -> list[Sample]:

@@ -83,12 +83,6 @@ def partition(keys: Sequence[Hashable], workers: int) -> list[list[int]]:
     return shares
 
 
-def group_key(task_config: DictConfig) -> str:
-    """Jobs that can share a model load and prefills: same model and same benchmark."""
-    parts = {name: OmegaConf.to_container(task_config[name], resolve=True) for name in ("model", "benchmark")}
-    return json.dumps(parts, sort_keys=True)
-
-
 @dataclass
 class _Job:
     index: int
@@ -121,6 +115,9 @@ class GpusLauncher(Launcher):
         self.task_function = task_function
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        # The harness (torch, kvpress) is imported only when a sweep runs: Hydra imports plugins for every command.
+        from evaluate.config import model_key
+
         setup_globals()
         assert self.config is not None and self.hydra_context is not None
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
@@ -135,7 +132,8 @@ class GpusLauncher(Launcher):
             f"{len(used)} GPUs ({', '.join(used)})" if devices else "the CPU (no GPU visible)",
         )
         jobs = [self._compose(initial_job_idx + offset, overrides) for offset, overrides in enumerate(job_overrides)]
-        shares = partition([group_key(job.task_config) for job in jobs], max(1, len(devices)))
+        # The sweep's own grouping: jobs of one model key load it once on their worker.
+        shares = partition([model_key(job.task_config) for job in jobs], max(1, len(devices)))
         with tempfile.TemporaryDirectory(prefix="pressbench-gpus-") as scratch:
             workers = []
             try:
@@ -235,7 +233,8 @@ def _outcomes(worker: _Worker) -> list[tuple[JobStatus, Any]]:
     where = f"GPU {worker.device}" if worker.device else "CPU"
     result = json.loads(worker.result_path.read_text()) if worker.result_path.exists() else None
     if result is not None and "metrics" in result:
-        return [(JobStatus.COMPLETED, metrics["score"]) for metrics in result["metrics"]]
+        # A point left to another process (None) completed here without a score.
+        return [(JobStatus.COMPLETED, metrics and metrics["score"]) for metrics in result["metrics"]]
     reason = (
         f"failed: {result['error']}"
         if result is not None

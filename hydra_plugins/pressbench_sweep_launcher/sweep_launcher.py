@@ -67,7 +67,7 @@ class SharedPrefillLauncher(Launcher):
                 working_dir=os.getcwd(),
                 task_name=sweep_config.hydra.job.name,
                 status=JobStatus.COMPLETED,
-                _return_value=result["score"],
+                _return_value=result and result["score"],
             )
             for overrides, task_config, sweep_config, result in zip(
                 job_overrides, task_configs, sweep_configs, metrics, strict=True

@@ -1,0 +1,168 @@
+"""Tables of the runs frame: Markdown for people and CSV for programs, with the number formats they share; the
+headline, per-task and runs tables are pivots of the frame."""
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from evaluate.results.frame import run_level
+from evaluate.results.runs import NO_PRESS, flatten
+
+# Frame columns that the CSV files name otherwise.
+_CSV_NAMES = {"cr": "compression_ratio", "task_score": "score", "task_n": "n"}
+# The headline CSV's columns at each ratio: a run's figure, and the suffix of its column name.
+_HEADLINE_CSV = {"score": "", "ci_low": " ci_low", "ci_high": " ci_high", "n": " n", "partial": " partial"}
+# Below this many contexts per task the percentile bootstrap sees too few distinct resamples to show the noise.
+FEW_CONTEXTS = 10
+
+
+def fmt_number(value: float | None, signed: bool = False) -> str:
+    return "-" if pd.isna(value) else format(value, "+.2f" if signed else ".2f")
+
+
+def fmt_cr(cr: float) -> str:
+    return f"cr={cr:.2f}" if round(cr, 2) == round(cr, 6) else f"cr={cr:g}"
+
+
+def fmt_interval(low: float | None, high: float | None, signed: bool = False) -> str:
+    """`` [low, high]``, or nothing without an interval."""
+    return "" if pd.isna(low) else f" [{fmt_number(low, signed)}, {fmt_number(high, signed)}]"
+
+
+def csv_cell(value: Any) -> str:
+    """A value as the CSV files write it: missing as empty, floats rounded to 4 decimals."""
+    if isinstance(value, float):
+        return "" if math.isnan(value) else repr(round(float(value), 4))
+    return "" if value is None or value is pd.NA else str(value)
+
+
+def markdown_table(frame: pd.DataFrame) -> str:
+    """A Markdown table of string cells, the header from the columns."""
+    rows = [frame.columns, *frame.to_numpy()]
+    header, *lines = ["| " + " | ".join(str(cell).replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return "\n".join([header, "|" + "---|" * len(frame.columns), *lines])
+
+
+@dataclass
+class Table:
+    """One table: its CSV rows (``data``) and its Markdown, one table per section under the section's heading."""
+
+    name: str  # file stem under the tables directory
+    title: str
+    data: pd.DataFrame
+    sections: list[tuple[str, pd.DataFrame]] = field(default_factory=list)  # (heading, or "" for none)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def markdown(self) -> str:
+        return "\n\n".join((heading and f"{heading}\n\n") + markdown_table(body) for heading, body in self.sections)
+
+    def cells(self) -> pd.DataFrame:
+        """``data`` as the strings the CSV file holds."""
+        return self.data.astype(object).map(csv_cell)
+
+    @property
+    def csv(self) -> str:
+        return self.cells().to_csv(index=False, lineterminator="\n")
+
+    def page(self) -> str:
+        return "\n\n".join([f"### {self.title}", self.markdown, *self.notes])  # a paragraph per note
+
+
+def run_cell(run: pd.Series) -> str:
+    """``score [low, high] n=N``, with ``*`` when the run is partial."""
+    return f"{fmt_number(run.score)}{fmt_interval(run.ci_low, run.ci_high)} n={run.n}" + ("*" if run.partial else "")
+
+
+def compressed_ratios(runs: pd.DataFrame) -> list[float]:
+    return sorted(runs.ratio[~runs.reference].unique())
+
+
+def row_method(runs: pd.DataFrame) -> pd.Series:
+    """The method column of the CSV files: the label where it names a variant, else the method."""
+    return runs.label.where(runs.variant != "", runs.method)
+
+
+def settings_note(runs: pd.DataFrame) -> list[str]:
+    """The benchmark settings every run shares, so that a table says which data it was measured on."""
+    first, *others = [flatten(settings) for settings in runs.settings]
+    shared = {k: v for k, v in first.items() if k not in ("_target_", "name") and v is not None}
+    shared = {k: v for k, v in shared.items() if not isinstance(v, list) and all(flat.get(k) == v for flat in others)}
+    return ["Settings: " + ", ".join(f"{key}={value}" for key, value in sorted(shared.items()))] if shared else []
+
+
+def partial_note(runs: pd.DataFrame) -> list[str]:
+    counts = runs.partial_reasons.explode().dropna().value_counts().sort_index()
+    listed = "; ".join(f"{reason} ({count} of {len(runs)} runs)" for reason, count in counts.items())
+    return [f"\\* partial: fewer samples than the full benchmark: {listed}."] if listed else []
+
+
+def interval_notes(items: pd.DataFrame) -> list[str]:
+    """Why some cells have no interval, once per reason; and a warning when intervals rest on few contexts."""
+    counts = items.interval_note[items.interval_note != ""].value_counts().sort_index()
+    notes = [f"{note[0].upper()}{note[1:]} ({count} cells)." for note, count in counts.items()]
+    fewest = items.contexts.min()
+    if pd.notna(fewest) and fewest < FEW_CONTEXTS:
+        notes.append(
+            f"Some intervals resample only {fewest} contexts per task: with fewer than {FEW_CONTEXTS} the bootstrap "
+            "understates the noise; read them as a lower bound on the uncertainty."
+        )
+    return notes
+
+
+def headline_table(frame: pd.DataFrame, benchmark: str) -> Table:
+    """Rows benchmark x method (x model when several), columns cr; no compression repeated in every column."""
+    frame = run_level(frame[frame.benchmark == benchmark])
+    ratios = compressed_ratios(frame) or [0.0]
+    references = frame[frame.reference].merge(pd.DataFrame({"column": ratios}), how="cross")
+    placed = pd.concat([frame[~frame.reference].assign(column=frame.ratio), references])
+    placed = placed.assign(cell=placed.apply(run_cell, axis=1), compressed=~placed.reference, row=row_method(placed))
+    keys = ["model", "query_aware", "compressed", "method", "variant", "label", "row"]
+    grid = placed.astype(object).pivot(index=keys, columns="column", values=["cell", *_HEADLINE_CSV]).sort_index()
+    rows = grid.index.to_frame(index=False)
+    models = {"model": rows.model} if frame.model.nunique() > 1 else {}
+    md = pd.DataFrame({"benchmark": benchmark, **models, "method": rows.label})
+    md[[fmt_cr(cr) for cr in ratios]] = grid["cell"].fillna("").to_numpy()
+    data = rows[["model", "row", "query_aware"]].rename(columns={"row": "method"})
+    data.insert(0, "benchmark", benchmark)
+    columns = [(value, cr) for cr in ratios for value in _HEADLINE_CSV]
+    data[[fmt_cr(cr) + _HEADLINE_CSV[value] for value, cr in columns]] = grid[columns].to_numpy()
+    notes = settings_note(frame) + partial_note(frame) + interval_notes(frame)
+    if not frame.reference.any():
+        notes.append(f"No `{NO_PRESS}` run: run `press=none` for the no-compression row.")
+    return Table(benchmark, f"{benchmark}: headline score by compression ratio", data, [("", md)], notes)
+
+
+def task_table(frame: pd.DataFrame, benchmark: str) -> Table:
+    """Task x method at each compression ratio; the no-compression column is repeated in every section."""
+    frame = frame[frame.benchmark == benchmark]
+    scored = frame.dropna(subset=["task"])
+    runs = run_level(frame)
+    if runs.model.nunique() > 1:
+        runs = runs.assign(label=runs.label + " (" + runs.model + ")")
+    partial = scored.partial.map({True: "*", False: ""})
+    text = scored.task_score.map(fmt_number) + " n=" + scored.task_n.astype(str) + partial
+    cells = scored.assign(text=text).pivot(index="task", columns="run", values="text")
+    sections = []
+    for cr in compressed_ratios(runs) or [0.0]:
+        compressed = runs[~runs.reference & (runs.ratio == cr)]
+        shown = pd.concat([runs[runs.reference], compressed.sort_values(["model", "query_aware", "method", "variant"])])
+        body = cells.reindex(columns=shown.run).fillna("")
+        body.loc["**score**"] = shown.score.map(fmt_number).to_numpy()
+        section = pd.DataFrame(body.reset_index().to_numpy(), columns=["task", *shown.label])
+        sections.append((f"#### {fmt_cr(cr)}", section))
+    ordered = scored.sort_values(["cr", "model", "query_aware", "method", "variant", "task"])
+    columns = ["benchmark", "model", "method", "query_aware", "cr", "task", "task_score", "task_n", "partial"]
+    data = ordered.assign(method=row_method(ordered))[columns].rename(columns=_CSV_NAMES)
+    return Table(f"{benchmark}_tasks", f"{benchmark}: per-task scores", data, sections, partial_note(runs))
+
+
+def runs_table(frame: pd.DataFrame) -> Table:
+    """Every run with every figure the other tables show, one row each."""
+    frame = run_level(frame).sort_values(["benchmark", "model", "method", "variant", "cr"], kind="stable")
+    columns = "benchmark model model_id method variant query_aware cr score ci_low ci_high n partial".split()
+    columns += "partial_reasons status kept_ratio wall_seconds peak_memory_mb run_dir".split()
+    data = frame.assign(partial_reasons=frame.partial_reasons.str.join("; "))[columns]
+    return Table("runs", "Runs", data.rename(columns=_CSV_NAMES))

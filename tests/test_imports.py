@@ -1,0 +1,75 @@
+"""The harness's modules import each other without a cycle: every import statement counts, including those inside
+functions and under ``if TYPE_CHECKING:``, since each is a dependency all the same."""
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("evaluate", "presses", "scorers")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the modules of PACKAGES it imports (``from package import module`` names the module)."""
+    paths = {module_name(path): path for package in PACKAGES for path in (REPO / package).rglob("*.py")}
+    graph = {}
+    for name, path in paths.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: up from this module's package
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, *([base] if base else [])])
+                for alias in node.names:
+                    targets.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in paths else base)
+        graph[name] = {target for target in targets if target in paths and target != name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a list of modules (first repeated at the end), or None."""
+    state: dict[str, str] = {}
+
+    def visit(module: str, stack: list[str]) -> list[str] | None:
+        state[module] = "open"
+        for target in sorted(graph[module]):
+            if state.get(target) == "open":
+                return [*stack[stack.index(target) :], target]
+            if target not in state and (cycle := visit(target, [*stack, target])):
+                return cycle
+        state[module] = "done"
+        return None
+
+    for module in sorted(graph):
+        if module not in state and (cycle := visit(module, [module])):
+            return cycle
+    return None
+
+
+def test_the_import_graph_is_read_from_every_module():
+    graph = import_graph()
+    assert {"evaluate.report", "evaluate.results.frame", "presses.eg_chunkkv", "scorers.dropkv"} <= set(graph)
+    # `from evaluate import rundir` names the module, `from evaluate.benchmarks import Sample` the package.
+    assert {"evaluate.rundir", "evaluate.benchmarks"} <= graph["evaluate.results.runs"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+
+
+def test_no_import_cycle_in_evaluate_presses_and_scorers():
+    assert find_cycle(import_graph()) is None
+
+
+def test_nothing_imports_the_command_lines_and_results_never_import_their_consumers():
+    graph = import_graph()
+    entry_points = {"evaluate.report", "evaluate.leaderboard", "evaluate.__main__"}
+    assert not {module for module, targets in graph.items() if targets & entry_points}
+    consumers = {*entry_points, "evaluate.plots", "evaluate.tracking"}
+    results = {module: targets for module, targets in graph.items() if module.startswith("evaluate.results")}
+    assert all(not targets & consumers for targets in results.values())
