@@ -14,7 +14,10 @@ PRESS_OVERRIDES = ("press=", "press.", "scorer=", "scorer.", "cr=", "+press.", "
 
 
 def _command_line_overrides() -> list[str]:
-    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    """The run's overrides, the last one of each key only (as Hydra applies them: `make run ARGS=press=none`)."""
+    overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    last = {override.split("=", 1)[0]: override for override in overrides}
+    return list(last.values())
 
 
 def uncompressed_score(cfg: DictConfig, sample_ids: set[str]) -> tuple[float, Path] | None:
@@ -56,6 +59,8 @@ def run_summary(cfg: DictConfig, metrics: dict) -> str:
             lines.append(f"uncompressed score of these samples: python -m evaluate {' '.join(['press=none', *others])}")
     lines.append(f"files: {out}/ (predictions.jsonl, metrics.json, run.json, config.yaml)")
     press = [override for override in _command_line_overrides() if override.startswith(("press=", "scorer="))]
+    if method == "no_press":
+        press = []  # a sweep of ratios means a press that compresses
     lines.append(f"next: python -m evaluate.report {cfg.output_dir}   (tables and plots of every run)")
     sweep = " ".join(["-m", *(press or ["press=chunkkv,eg_chunkkv"]), *others, "cr=0.5,0.7,0.9"])
     lines.append(f"      python -m evaluate {sweep}   (a sweep: one model load, one prefill per context)")
