@@ -1,6 +1,9 @@
 """End-to-end runs on the tiny random model: every press x scorer, resume, rescoring."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -197,3 +200,33 @@ def test_a_single_run_ends_with_its_score_next_to_the_uncompressed_one(tmp_path)
     same = [row for row in rows if row["id"] in {"doc-0-0", "doc-0-1"}]
     expected = SharedContextBenchmark().score(same)["score"]
     assert f"uncompressed, same samples: score {expected} ({run_dir(uncompressed)})" in run_summary(compressed, metrics)
+
+
+@pytest.mark.slow  # one `python -m evaluate` process (imports torch and kvpress)
+def test_the_command_line_summary_names_the_commands_that_follow(tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "evaluate",
+            "model=tiny_random",
+            "limit=1",
+            "benchmark.tasks=[fwe]",
+            "benchmark.max_seq_length=512",
+            f"output_dir={tmp_path}",
+            "press=eg_chunkkv",
+            "cr=0.9",
+            "press=none",
+        ],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = result.stdout.strip().splitlines()[-4:]
+    assert summary[0].startswith("no_press at cr 0.00 on ruler_synth (tiny-random, 1 samples): score ")
+    assert summary[1].startswith(f"files: {tmp_path}/ruler_synth__tiny-random__no_press__cr0.00__")
+    assert summary[2] == f"next: python -m evaluate.report {tmp_path}   (tables and plots of every run)"
+    # The last press= wins, as in Hydra; an uncompressed run suggests a sweep of presses that compress.
+    assert summary[3].startswith("      python -m evaluate -m press=chunkkv,eg_chunkkv model=tiny_random limit=1 ")
