@@ -5,6 +5,7 @@ the weights, so that samples can be built and validated before the expensive par
 """
 
 import importlib.util
+import itertools
 import os
 import shutil
 import tempfile
@@ -24,6 +25,9 @@ from transformers import (
 )
 
 CACHE_DIR = Path(os.environ.get("PRESSBENCH_CACHE", Path.home() / ".cache" / "pressbench"))
+
+# bos (also unk and pad), eos and ChatML's turn start: appended after the regular vocabulary.
+TINY_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_end|>", "<|im_start|>")
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
@@ -137,27 +141,70 @@ class EmbeddedGGUFModel:
         return model.to(device).eval()
 
 
-def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
-    """A byte-level tokenizer with a ChatML template, built in code so that tests need no download."""
-    byte_alphabet = pre_tokenizers.ByteLevel.alphabet()
-    vocab = {token: index for index, token in enumerate(sorted(byte_alphabet))}
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+def build_tiny_tokenizer(vocab_size: int | None = None, model_max_length: int = 8192) -> PreTrainedTokenizerFast:
+    """A byte-level tokenizer with a ChatML template, built in code so that tests need no download.
+
+    Text is encoded byte by byte (the BPE has no merges). ``vocab_size`` pads the vocabulary to exactly that many
+    tokens with strings of two or three byte-level characters, which encoding never produces but which give every
+    id a model of a real vocabulary size can generate a text to decode to.
+    """
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tokens = alphabet
+    if vocab_size is not None:
+        n_regular = vocab_size - len(TINY_SPECIAL_TOKENS)
+        if n_regular < len(alphabet):
+            raise ValueError(f"vocab_size={vocab_size} must be at least {len(alphabet) + len(TINY_SPECIAL_TOKENS)}")
+        padding = ("".join(chars) for width in (2, 3) for chars in itertools.product(alphabet, repeat=width))
+        tokens = [*alphabet, *itertools.islice(padding, n_regular - len(alphabet))]
+    backend = Tokenizer(models.BPE(vocab={token: index for index, token in enumerate(tokens)}, merges=[]))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
+    bos, eos, start = TINY_SPECIAL_TOKENS
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
-        bos_token="<|endoftext|>",
-        eos_token="<|im_end|>",
-        unk_token="<|endoftext|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>"],
-        model_max_length=8192,
+        bos_token=bos,
+        eos_token=eos,
+        unk_token=bos,
+        pad_token=bos,
+        additional_special_tokens=[start],
+        model_max_length=model_max_length,
     )
     tokenizer.chat_template = CHATML_TEMPLATE
     return tokenizer
 
 
 TINY_ARCHITECTURES = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
+
+
+def random_model_config(shape, tokenizer, attn_implementation: str, **extra):
+    """The transformers config of a random model: ``shape``'s architecture and sizes, ``tokenizer``'s vocabulary,
+    special tokens and length (a TinyRandomModel or RandomModel gives the shape)."""
+    if shape.architecture not in TINY_ARCHITECTURES:
+        raise ValueError(f"architecture={shape.architecture!r}; choose one of {', '.join(TINY_ARCHITECTURES)}")
+    return TINY_ARCHITECTURES[shape.architecture][0](
+        vocab_size=len(tokenizer),
+        hidden_size=shape.hidden_size,
+        num_hidden_layers=shape.num_hidden_layers,
+        num_attention_heads=shape.num_attention_heads,
+        num_key_value_heads=shape.num_key_value_heads,
+        head_dim=shape.hidden_size // shape.num_attention_heads,
+        intermediate_size=shape.intermediate_size,
+        max_position_embeddings=tokenizer.model_max_length,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        attn_implementation=attn_implementation,
+        **extra,
+    )
+
+
+def redraw_weights(model: torch.nn.Module, weight_scale: float, generator: torch.Generator | None = None) -> None:
+    """Embeddings from N(0, 1), every other matrix from N(0, weight_scale² / fan_in), in parameter order."""
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if weight.dim() == 2:
+                scale = 1.0 if "embed" in name else weight_scale / weight.shape[1] ** 0.5
+                weight.normal_(0.0, scale, generator=generator)
 
 
 @dataclass
@@ -191,33 +238,12 @@ class TinyRandomModel:
         return build_tiny_tokenizer()
 
     def load_model(self, device: str, dtype: str, attn_implementation: str):
-        if self.architecture not in TINY_ARCHITECTURES:
-            raise ValueError(f"architecture={self.architecture!r}; choose one of {', '.join(TINY_ARCHITECTURES)}")
-        config_class, model_class = TINY_ARCHITECTURES[self.architecture]
-        tokenizer = build_tiny_tokenizer()
-        config = config_class(
-            vocab_size=len(tokenizer),
-            hidden_size=self.hidden_size,
-            num_hidden_layers=self.num_hidden_layers,
-            num_attention_heads=self.num_attention_heads,
-            num_key_value_heads=self.num_key_value_heads,
-            head_dim=self.hidden_size // self.num_attention_heads,
-            intermediate_size=self.intermediate_size,
-            max_position_embeddings=tokenizer.model_max_length,
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-            attn_implementation=attn_implementation,
-        )
+        config = random_model_config(self, build_tiny_tokenizer(), attn_implementation)
         with torch.random.fork_rng():
             torch.manual_seed(self.seed)
-            model = model_class(config)
+            model = TINY_ARCHITECTURES[self.architecture][1](config)
             if self.weight_scale is not None:
-                with torch.no_grad():
-                    for name, weight in model.named_parameters():
-                        if weight.dim() == 2:
-                            scale = 1.0 if "embed" in name else self.weight_scale / weight.shape[1] ** 0.5
-                            weight.normal_(0.0, scale)
+                redraw_weights(model, self.weight_scale)
         torch_dtype = resolve_dtype(dtype)
         if isinstance(torch_dtype, torch.dtype):
             model = model.to(torch_dtype)

@@ -15,46 +15,11 @@ Use it from the command line through the tiny_random config group, e.g.
 (``scripts/bench_sweep.py --random-model`` does this).
 """
 
-import itertools
 from dataclasses import dataclass
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
 
-from evaluate.models import CHATML_TEMPLATE, TINY_ARCHITECTURES, resolve_dtype
-
-# The special tokens of the tiny test tokenizer (evaluate/models.py), appended after the regular vocabulary.
-SPECIAL_TOKENS = ("<|endoftext|>", "<|im_end|>", "<|im_start|>")
-
-
-def build_padded_tokenizer(vocab_size: int, model_max_length: int) -> PreTrainedTokenizerFast:
-    """The byte-level test tokenizer with its vocabulary padded to exactly ``vocab_size`` tokens.
-
-    Text is still encoded byte by byte (the BPE has no merges); the padding entries, strings of two or three
-    byte-level characters, are never produced by encoding but give every id the model can generate a text to decode
-    to, so a model with a real vocabulary size (and its real embedding and output-layer cost) can be used.
-    """
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    n_regular = vocab_size - len(SPECIAL_TOKENS)
-    if n_regular < len(alphabet):
-        raise ValueError(f"vocab_size={vocab_size} must be at least {len(alphabet) + len(SPECIAL_TOKENS)}")
-    padding = ("".join(chars) for width in (2, 3) for chars in itertools.product(alphabet, repeat=width))
-    tokens = [*alphabet, *itertools.islice(padding, n_regular - len(alphabet))]
-    backend = Tokenizer(models.BPE(vocab={token: index for index, token in enumerate(tokens)}, merges=[]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        bos_token=SPECIAL_TOKENS[0],
-        eos_token=SPECIAL_TOKENS[1],
-        unk_token=SPECIAL_TOKENS[0],
-        pad_token=SPECIAL_TOKENS[0],
-        additional_special_tokens=[SPECIAL_TOKENS[2]],
-        model_max_length=model_max_length,
-    )
-    tokenizer.chat_template = CHATML_TEMPLATE
-    return tokenizer
+from evaluate.models import TINY_ARCHITECTURES, build_tiny_tokenizer, random_model_config, redraw_weights, resolve_dtype
 
 
 @dataclass
@@ -92,45 +57,21 @@ class RandomModel:
     weight_scale: float = 1.0
 
     def load_tokenizer(self):
-        return build_padded_tokenizer(self.vocab_size, self.max_position_embeddings)
-
-    def config(self, attn_implementation: str = "sdpa"):
-        if self.architecture not in TINY_ARCHITECTURES:
-            raise ValueError(f"architecture={self.architecture!r}; choose one of {', '.join(TINY_ARCHITECTURES)}")
-        config_class, _ = TINY_ARCHITECTURES[self.architecture]
-        bos, eos, _ = range(self.vocab_size - len(SPECIAL_TOKENS), self.vocab_size)
-        return config_class(
-            vocab_size=self.vocab_size,
-            hidden_size=self.hidden_size,
-            num_hidden_layers=self.num_hidden_layers,
-            num_attention_heads=self.num_attention_heads,
-            num_key_value_heads=self.num_key_value_heads,
-            head_dim=self.hidden_size // self.num_attention_heads,
-            intermediate_size=self.intermediate_size,
-            max_position_embeddings=self.max_position_embeddings,
-            rope_theta=self.rope_theta,
-            tie_word_embeddings=False,
-            bos_token_id=bos,
-            eos_token_id=eos,
-            pad_token_id=bos,
-            attn_implementation=attn_implementation,
-        )
+        return build_tiny_tokenizer(self.vocab_size, self.max_position_embeddings)
 
     def load_model(self, device: str, dtype: str, attn_implementation: str):
-        _, model_class = TINY_ARCHITECTURES.get(self.architecture, (None, None))
-        config = self.config(attn_implementation)
+        config = random_model_config(
+            self, self.load_tokenizer(), attn_implementation, rope_theta=self.rope_theta, tie_word_embeddings=False
+        )
         torch_dtype = resolve_dtype(dtype)
         torch_dtype = torch.bfloat16 if torch_dtype == "auto" else torch_dtype
         with torch.device(device):
-            model = model_class._from_config(config, dtype=torch_dtype)
-        generator = torch.Generator(device=device).manual_seed(self.seed)
+            model = TINY_ARCHITECTURES[self.architecture][1]._from_config(config, dtype=torch_dtype)
         with torch.no_grad():
-            for name, weight in model.named_parameters():
-                if weight.dim() == 2:
-                    scale = 1.0 if "embed" in name else self.weight_scale / weight.shape[1] ** 0.5
-                    weight.normal_(0.0, scale, generator=generator)
-                else:
-                    weight.fill_(1.0)
+            for weight in model.parameters():
+                if weight.dim() != 2:
+                    weight.fill_(1.0)  # norms
+        redraw_weights(model, self.weight_scale, torch.Generator(device=device).manual_seed(self.seed))
         model.generation_config.eos_token_id = config.eos_token_id
         # Already there; kept so that a model built elsewhere by a future transformers still ends on the device.
         return model.to(device).eval()

@@ -92,7 +92,8 @@ class Recorder:
         if plan.cfg.overwrite:
             for name in (rundir.PREDICTIONS, rundir.METRICS, rundir.RUN, rundir.CONFIG):
                 (plan.out / name).unlink(missing_ok=True)
-        elif len(plan.kept_rows) < len(rundir.read_predictions(self.predictions)):
+        elif plan.cfg.retry_errors:
+            # The plan dropped the failed rows: the file keeps only what the plan kept.
             rundir.rewrite_predictions(self.predictions, plan.kept_rows)
         rundir.write_yaml(plan.out / rundir.CONFIG, config_record(plan))
         self.stats = RunStats.resume(rundir.read_json(plan.out / rundir.RUN))

@@ -10,9 +10,11 @@ import time
 from contextlib import contextmanager
 
 import torch
+from huggingface_hub.errors import HFValidationError
 from tqdm.auto import tqdm
 from transformers import DynamicCache
 
+from evaluate.benchmarks import Sample
 from evaluate.config import ConfigError
 from evaluate.layer_masks import fit_masks_to_layers
 from evaluate.plan import Plan
@@ -115,8 +117,9 @@ class Models:
             torch.cuda.empty_cache()
         try:
             value = load()
-        except (OSError, ValueError) as error:
-            # transformers reports a missing directory or an unreachable hub id as a bare OSError/ValueError.
+        except (OSError, HFValidationError) as error:
+            # transformers reports a missing directory or an unreachable hub id as a bare OSError, and a name that
+            # is neither a directory nor a valid hub id as a validation error.
             raise ConfigError(
                 f"the {kind} of {key[0]} could not be loaded ({str(error).splitlines()[0]}); point the model's "
                 "name_or_path at a local directory holding config.json, or at a hub id this machine can download"
@@ -170,7 +173,18 @@ def context_budget(plan: Plan, model, tokenizer) -> tuple[int, int]:
     if cfg.truncation == "pipeline":
         budget = cfg.max_context_length or pipeline_max_context_length(tokenizer)
         length = templated_context_length(make_pipeline(model, tokenizer, plan.device), tokenizer)
-        truncated = sum(length(plan.compressed_text(sample), sample.chat_template) > budget for sample in plan.samples)
+
+        def may_exceed(sample: Sample) -> bool:
+            # Counting exactly tokenizes a context again; only one that cannot fit with room to spare needs it: its
+            # raw tokens, the template's, its question's UTF-8 bytes (no token is shorter than a byte) and a slack
+            # for merges across the joins.
+            question = len(sample.question.encode("utf-8")) if cfg.query_aware else 0
+            return plan.context_tokens[sample.context] + length("", sample.chat_template) + question + 16 > budget
+
+        truncated = sum(
+            may_exceed(sample) and length(plan.compressed_text(sample), sample.chat_template) > budget
+            for sample in plan.samples
+        )
     else:
         budget = cfg.max_context_length or model.config.max_position_embeddings
         truncated = sum(plan.context_tokens[sample.context] > budget for sample in plan.samples)

@@ -50,7 +50,8 @@ def run_summary(cfg: DictConfig, metrics: dict) -> str:
         f"score {metrics['score']}"
         + (f", {100 * sum(kept) / len(kept):.1f} % of the KV pairs kept on average" if kept else "")
     ]
-    others = [override for override in _command_line_overrides() if not override.startswith(PRESS_OVERRIDES)]
+    overrides = _command_line_overrides()
+    others = [override for override in overrides if not override.startswith(PRESS_OVERRIDES)]
     if method != "no_press":
         found = uncompressed_score(cfg, {row["id"] for row in rows})
         if found is not None:
@@ -58,7 +59,7 @@ def run_summary(cfg: DictConfig, metrics: dict) -> str:
         else:
             lines.append(f"uncompressed score of these samples: python -m evaluate {' '.join(['press=none', *others])}")
     lines.append(f"files: {out}/ (predictions.jsonl, metrics.json, run.json, config.yaml)")
-    press = [override for override in _command_line_overrides() if override.startswith(("press=", "scorer="))]
+    press = [override for override in overrides if override.startswith(("press=", "scorer="))]
     if method == "no_press":
         press = []  # a sweep of ratios means a press that compresses
     lines.append(f"next: python -m evaluate.report {cfg.output_dir}   (tables and plots of every run)")

@@ -220,6 +220,22 @@ def test_the_pipeline_truncates_the_templated_context_by_default(tmp_path, tiny_
     assert {row["context_length"] for row in rundir.read_predictions(out / rundir.PREDICTIONS)} == {200}
 
 
+@pytest.mark.parametrize("query_aware", [False, True])
+def test_the_truncation_count_is_exact_at_the_budgets_edge(tmp_path, query_aware):
+    # The full templated length of the contexts (all the same length here), as the pipeline feeds them.
+    full = with_shared_context(compose_config(tmp_path / "full", "press=none", f"query_aware={query_aware}"))
+    run(full)
+    length = rundir.read_predictions(run_dir(full) / rundir.PREDICTIONS)[0]["context_length"]
+    for budget, truncated in ((length, 0), (length - 1, 6)):
+        cfg = with_shared_context(
+            compose_config(
+                tmp_path / str(budget), "press=none", f"query_aware={query_aware}", f"max_context_length={budget}"
+            )
+        )
+        run(cfg)
+        assert rundir.read_json(run_dir(cfg) / rundir.RUN)["truncated_samples"] == truncated, budget
+
+
 def test_empty_context_is_refused_naming_the_sample_but_an_empty_question_is_allowed():
     sample = Sample(id="s-1", task="t", context="c", question="\n", answer_prefix="", answers=["a"], max_new_tokens=1)
     assert check_samples([sample]) == [sample]
