@@ -7,13 +7,25 @@ import hashlib
 import importlib.util
 import json
 import logging
+import socket
+from functools import cache
 from pathlib import Path
 
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
+from kvpress import BasePress
 from omegaconf import DictConfig, OmegaConf
 
 from evaluate import registry
-from evaluate.press_traits import needs_non_eager
+from evaluate.errors import ConfigError
+from evaluate.press_traits import (
+    changes_the_model,
+    downloads,
+    kvpress_defect,
+    needs_eager,
+    needs_non_eager,
+    needs_query_aware,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -38,10 +50,6 @@ NON_RESULT_KEYS = (
 )
 
 
-class ConfigError(ValueError):
-    """A configuration that cannot run; the message says what to change."""
-
-
 def _path_name(name_or_path: str) -> str:
     return Path(str(name_or_path).rstrip("/")).name
 
@@ -50,8 +58,25 @@ OmegaConf.register_new_resolver("path_name", _path_name, replace=True)
 
 
 def compresses(cfg: DictConfig) -> bool:
-    """Whether the configuration compresses at all (press=none does not)."""
-    return cfg.press.press is not None
+    """Whether the configuration compresses at all (press=none and method=no_press do not)."""
+    return cfg.press.press is not None and build_press(cfg) is not None
+
+
+def build_press(cfg: DictConfig) -> BasePress | None:
+    """The configuration's press object (None for press=none); a registry entry's missing knob is a ConfigError."""
+    try:
+        return instantiate(cfg.press.press)
+    except InstantiationException as error:
+        if isinstance(error.__cause__, ConfigError):
+            raise error.__cause__ from None
+        raise
+
+
+def uses_scorer(cfg: DictConfig) -> bool:
+    """Whether the press is built from the scorer axis (press=topk, adakv, chunkkv...; not method=<entry>)."""
+    if not compresses(cfg):
+        return False
+    return "${scorer." in json.dumps(OmegaConf.to_container(cfg.press, resolve=False))
 
 
 def effective_cr(cfg: DictConfig) -> float:
@@ -60,10 +85,12 @@ def effective_cr(cfg: DictConfig) -> float:
 
 
 def attention_implementation(cfg: DictConfig) -> str:
-    """The attention the model runs: as given, or kvpress's rule when null (flash_attention_2 on CUDA when
-    ``flash_attn`` is installed, else the transformers default, sdpa)."""
+    """The attention the model runs: as given, or kvpress's rule when null (eager for ObservedAttentionPress,
+    flash_attention_2 on CUDA when ``flash_attn`` is installed, else the transformers default, sdpa)."""
     if cfg.attn_implementation is not None:
         return cfg.attn_implementation
+    if compresses(cfg) and needs_eager(build_press(cfg)):
+        return "eager"
     if resolve_device(cfg.device).startswith("cuda") and importlib.util.find_spec("flash_attn") is not None:
         return "flash_attention_2"
     return "sdpa"
@@ -71,7 +98,7 @@ def attention_implementation(cfg: DictConfig) -> str:
 
 def method_name(cfg: DictConfig) -> str:
     """The run's method: kvpress's registry name where the press is that entry (evaluate/registry.py)."""
-    return registry.method_name(cfg.press.method, instantiate(cfg.press.press))
+    return registry.method_name(cfg.press.method, build_press(cfg))
 
 
 def validate(cfg: DictConfig) -> None:
@@ -92,21 +119,58 @@ def validate(cfg: DictConfig) -> None:
         logger.warning("press=none compresses nothing: cr=%s is ignored and the run is recorded at cr=0", cfg.cr)
     if not compresses(cfg):
         return
-    if needs_non_eager(instantiate(cfg.press.press)) and attention_implementation(cfg) == "eager":
+    press = build_press(cfg)
+    validate_press(cfg, press, method_name(cfg))
+    if needs_non_eager(press) and attention_implementation(cfg) == "eager":
         raise ConfigError(
             f"press {method_name(cfg)} cannot run with attn_implementation=eager "
             "(kvpress's ChunkKV/AdaKV need sdpa or flash attention); use attn_implementation=sdpa"
         )
-    if cfg.scorer.get("needs_eager", False) and attention_implementation(cfg) != "eager":
+    if uses_scorer(cfg) and cfg.scorer.get("needs_eager", False) and attention_implementation(cfg) != "eager":
         raise ConfigError(
             f"scorer {cfg.scorer.name} reads the attention weights, which only eager attention returns; "
             "use attn_implementation=eager"
         )
 
 
+def validate_press(cfg: DictConfig, press, method: str) -> None:
+    """Refuse, in one line, a press that cannot run here: kvpress fails with it, it needs downloads this machine
+    cannot make, or the run lacks what kvpress's runner requires for it."""
+    defect = kvpress_defect(press)
+    if defect:
+        raise ConfigError(f"method {method} cannot run: {defect}")
+    needed = downloads(press)
+    if needed and hub_unreachable():
+        raise ConfigError(
+            f"method {method} needs {needed}, which this machine cannot download ({hub_unreachable()}); "
+            "run it where the Hugging Face hub is reachable"
+        )
+    if needs_query_aware(press) and not cfg.query_aware:
+        raise ConfigError(f"method {method} needs query-aware runs, as kvpress's runner requires; add query_aware=true")
+    if needs_eager(press) and attention_implementation(cfg) != "eager":
+        raise ConfigError(
+            f"method {method} reads the attention weights, which only eager attention returns; "
+            "use attn_implementation=eager (or null, kvpress's choice)"
+        )
+
+
+@cache
+def hub_unreachable() -> str | None:
+    """Why the Hugging Face hub cannot be reached, if it cannot: offline mode, or no connection within 3 s."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE=1"
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=3).close()
+    except OSError as error:
+        return f"huggingface.co: {error}"
+    return None
+
+
 def validate_context_lengths(cfg: DictConfig, shortest_context: int) -> None:
     """Refuse a scorer whose observation window does not fit in the shortest context."""
-    if not compresses(cfg):
+    if not uses_scorer(cfg):
         return
     if shortest_context <= cfg.scorer.min_context:
         raise ConfigError(
@@ -124,7 +188,17 @@ def result_config(cfg: DictConfig) -> dict:
     # What actually runs, so that a run on flash attention never resumes one on sdpa.
     resolved["attn_implementation"] = attention_implementation(cfg)
     if not compresses(cfg):
-        # Without compression the scorer is never used, so its choice must not split runs.
+        # method=no_press is press=none: one run, whichever way it was asked for.
+        resolved["press"] = {"method": "no_press", "press": None}
+        for knob in registry.RUNNER_KNOBS:
+            resolved.pop(knob, None)
+    if not compresses(cfg):
+        # method=no_press is press=none: one run, whichever way it was asked for.
+        resolved["press"] = {"method": "no_press", "press": None}
+        for knob in registry.RUNNER_KNOBS:
+            resolved.pop(knob, None)
+    if not uses_scorer(cfg):
+        # A press that is not built from the scorer (none, or a registry entry) must not split runs by its choice.
         resolved.pop("scorer", None)
     return resolved
 
@@ -151,7 +225,10 @@ def run_dir(cfg: DictConfig) -> Path:
 def model_key(cfg: DictConfig) -> str:
     """Configurations with equal keys run on one loaded model: in one sweep, and on one worker of the gpus launcher."""
     model = OmegaConf.to_container(cfg.model.source, resolve=True)
-    return json.dumps([model, cfg.device, cfg.dtype, attention_implementation(cfg), cfg.seed], sort_keys=True)
+    key = [model, cfg.device, cfg.dtype, attention_implementation(cfg), cfg.seed]
+    if compresses(cfg) and changes_the_model(build_press(cfg)):
+        key.append(run_name(cfg))  # a model this press changes serves no other configuration
+    return json.dumps(key, sort_keys=True)
 
 
 def resolve_device(device: str) -> str:

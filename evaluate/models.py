@@ -176,6 +176,20 @@ def build_tiny_tokenizer(vocab_size: int | None = None, model_max_length: int = 
 TINY_ARCHITECTURES = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
 
 
+def saved_tiny_tokenizer() -> Path:
+    """The tiny tokenizer saved once in the cache, for ``AutoTokenizer.from_pretrained`` by directory."""
+    directory = CACHE_DIR / "tiny_tokenizer"
+    if not (directory / "tokenizer_config.json").is_file():
+        CACHE_DIR.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=CACHE_DIR))
+        build_tiny_tokenizer().save_pretrained(staging)
+        try:
+            staging.rename(directory)  # atomic: concurrent tests never see half a directory
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)
+    return directory
+
+
 def random_model_config(shape, tokenizer, attn_implementation: str, **extra):
     """The transformers config of a random model: ``shape``'s architecture and sizes, ``tokenizer``'s vocabulary,
     special tokens and length (a TinyRandomModel or RandomModel gives the shape)."""
@@ -244,6 +258,8 @@ class TinyRandomModel:
             model = TINY_ARCHITECTURES[self.architecture][1](config)
             if self.weight_scale is not None:
                 redraw_weights(model, self.weight_scale)
+        # Presses that load the tokenizer from the model's name (KVzip, KVgrad) find it where a hub model's would be.
+        model.config._name_or_path = str(saved_tiny_tokenizer())
         torch_dtype = resolve_dtype(dtype)
         if isinstance(torch_dtype, torch.dtype):
             model = model.to(torch_dtype)

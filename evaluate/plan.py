@@ -22,6 +22,7 @@ from evaluate.benchmarks import Sample
 from evaluate.config import (
     ConfigError,
     attention_implementation,
+    build_press,
     fingerprint,
     method_name,
     resolve_device,
@@ -29,6 +30,7 @@ from evaluate.config import (
     validate,
     validate_context_lengths,
 )
+from evaluate.press_traits import compressed_suffix, decodes_per_sample
 
 
 def context_id(context: str) -> str:
@@ -164,11 +166,18 @@ class Plan:
     context_tokens: Mapping[str, int]
 
     def groups(self) -> list[list[Sample]]:
-        return group_by_context(list(self.todo), self.cfg.query_aware)
+        """The samples answered together, in kvpress's order: row by row for decoding-time presses, else by
+        context in ``groupby("context")``'s sorted order (which decides what a press drawing random numbers draws)."""
+        if decodes_per_sample(self.press):
+            return [[sample] for sample in self.todo]
+        groups = group_by_context(list(self.todo), self.cfg.query_aware)
+        return sorted(groups, key=lambda group: self.compressed_text(group[0]))
 
-    def compressed_text(self, sample: Sample) -> str:
-        """What the press compresses: the context, with the question appended in query-aware runs (as kvpress)."""
-        return sample.context + sample.question if self.cfg.query_aware else sample.context
+    def compressed_text(self, sample: Sample, context: str | None = None) -> str:
+        """What the press compresses, as kvpress's runner builds it: the context (``context`` when cut), the press's
+        suffix (Finch's delimiter), and the question in query-aware runs."""
+        text = (sample.context if context is None else context) + compressed_suffix(self.press)
+        return text + sample.question if self.cfg.query_aware else text
 
     def context(self, sample: Sample, tokenizer, max_context: int) -> str:
         """The sample's context as the pipeline receives it; only the harness's own policies cut it here."""
@@ -210,7 +219,7 @@ def make_plan(cfg: DictConfig, tokenizer) -> Plan:
         fingerprint=run_fingerprint,
         benchmark=benchmark,
         source=instantiate(cfg.model.source),
-        press=instantiate(cfg.press.press),
+        press=build_press(cfg),
         device=resolve_device(cfg.device),
         attention=attention_implementation(cfg),
         samples=tuple(samples),

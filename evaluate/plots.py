@@ -1,15 +1,19 @@
 """Score against compression ratio, in the style of the kvpress leaderboard plot: ``{benchmark}.png``, the headline
 score of each method with its bootstrap 95% band and the no-compression score as a dashed line, a panel per model
 (and query-awareness); ``{benchmark}_tasks.png``, the same for every task, a small panel each. Partial runs are drawn
-with hollow markers."""
+with hollow markers. For needle-in-a-haystack runs also ``{benchmark}_heatmap.png``: the needle score by depth and
+context length, a panel per method and compression ratio."""
 
 import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 import pandas as pd
 
+from evaluate.benchmarks.needle_in_haystack import TASK_SCORE_LABEL, NeedleInHaystack, task_depth
 from evaluate.results.frame import QUERY_AWARE, bracketed, run_level
 
 matplotlib.use("Agg")  # files only; never a display
@@ -52,7 +56,9 @@ def _style(ax, ratios: Sequence[float], values: Sequence[float], fontsize: int =
     span = (max(ratios) - min(ratios)) or 0.2
     ax.set_xlim(min(ratios) - 0.08 * span, max(ratios) + 0.08 * span)
     # Scores are on a 0-100 scale: an axis never shrinks below 0-10, so all-zero panels still read as near zero.
-    ax.set_ylim(0, min(105.0, max(10.0, max(filter(math.isfinite, values), default=0.0) * 1.12 + 1.0)))
+    # Missing values (None: no interval, as under --bootstrap 0) do not count.
+    finite = [value for value in values if value is not None and math.isfinite(value)]
+    ax.set_ylim(0, min(105.0, max(10.0, max(finite, default=0.0) * 1.12 + 1.0)))
     ax.grid(True, alpha=0.3)
     ax.spines[["top", "right"]].set_visible(False)
 
@@ -128,7 +134,85 @@ def plot_task_grid(benchmark: str, frame: pd.DataFrame, path: Path) -> Path:
     return _save(fig, path, dpi=110)
 
 
+NEEDLE_TARGET = f"{NeedleInHaystack.__module__}.{NeedleInHaystack.__qualname__}"
+# The settings a needle sweep varies are the heatmap's axes; removed from a run's variant, what is left of it (a seed,
+# a window size) tells panels apart. Their values are ints, lists of ints or null, so none holds a ", ".
+_NEEDLE_AXES = re.compile(
+    r"(?:benchmark\.depth|benchmark\.context_length|max_context_length)=(?:\[[^\]]*\]|[^,]*)(?:, )?"
+)
+
+
+def needle_benchmarks(frame: pd.DataFrame) -> list[str]:
+    """The benchmarks of the frame whose runs are needle-in-a-haystack runs."""
+    needle = frame.settings.map(lambda settings: settings.get("_target_") == NEEDLE_TARGET)
+    return sorted(frame.benchmark[needle].unique())
+
+
+def needle_grids(frame: pd.DataFrame, benchmark: str) -> dict[str, pd.DataFrame]:
+    """The needle score of ``benchmark``'s runs as one depth x context-length matrix per panel, by panel title.
+
+    A panel is a method (with what else tells its runs apart, and query-awareness) at one compression ratio, and one
+    model where there are several. Rows are the depths (a run's tasks), columns the context lengths (its recorded
+    ``context_length``), both ascending and the same in every panel; a cell is the task score, NaN where no run
+    measured the pair, the mean where several did (a run with a list of depths and one with a single depth).
+    """
+    rows = frame[(frame.benchmark == benchmark) & frame.task.notna()]
+    lengths = rows.settings.map(lambda settings: settings.get("context_length"))
+    rows = rows.assign(depth=rows.task.map(task_depth), length=lengths)[lengths.notna()].astype({"length": int})
+    variant = rows.variant.str.replace(_NEEDLE_AXES, "", regex=True).str.rstrip(", ").map(bracketed)
+    title = rows.method.mask(rows.reference, "no compression") + variant + rows.query_aware.map(QUERY_AWARE)
+    if rows.model.nunique() > 1:
+        title = rows.model + " · " + title
+    rows = rows.assign(title=title + rows.cr.map(lambda cr: f" · cr={cr:g}").mask(rows.reference, ""))
+    depths, columns = sorted(rows.depth.unique()), sorted(rows.length.unique())
+    ordered = rows.sort_values(
+        ["model", "query_aware", "reference", "method", "cr", "title"], ascending=[True, True, False, True, True, True]
+    )
+    return {
+        title: panel.pivot_table(index="depth", columns="length", values="task_score", aggfunc="mean")
+        .reindex(index=depths, columns=columns)
+        .rename_axis(index="depth", columns="context_length")
+        for title, panel in ordered.groupby("title", sort=False)
+    }
+
+
+def plot_needle_heatmap(benchmark: str, frame: pd.DataFrame, path: Path) -> Path:
+    """One depth x context-length heatmap of the needle score per panel of :func:`needle_grids`."""
+    grids = needle_grids(frame, benchmark)
+    first = next(iter(grids.values()))
+    columns = min(3, len(grids))
+    grid_rows = math.ceil(len(grids) / columns)
+    panel_width, panel_height = 1.6 + 0.8 * len(first.columns), 1.2 + 0.4 * len(first.index)
+    fig, axes = plt.subplots(
+        grid_rows,
+        columns,
+        figsize=(max(6.5, panel_width * columns + 1.2), panel_height * grid_rows + 0.8),
+        squeeze=False,
+        layout="constrained",  # room for the tick labels of every panel and the color bar
+    )
+    colors = plt.get_cmap("RdYlGn").with_extremes(bad="0.85")  # grey: a pair no run measured
+    for ax, (title, grid) in zip(axes.flat, grids.items(), strict=False):
+        values = grid.to_numpy(dtype=float)
+        image = ax.imshow(values, cmap=colors, vmin=0, vmax=100, aspect="auto")
+        for (row, column), value in np.ndenumerate(values):
+            if not math.isnan(value):
+                ax.text(column, row, f"{value:.0f}", ha="center", va="center", fontsize=8)
+        ax.set_xticks(range(len(grid.columns)), [str(length) for length in grid.columns], fontsize=8)
+        ax.set_yticks(range(len(grid.index)), [f"{depth}%" for depth in grid.index], fontsize=8)
+        ax.set_xlabel("context length (tokens)", fontsize=9)
+        ax.set_ylabel("needle depth", fontsize=9)
+        ax.set_title(title, fontsize=10)
+    for ax in list(axes.flat)[len(grids) :]:
+        ax.set_visible(False)
+    fig.colorbar(image, ax=axes, shrink=0.9, label=TASK_SCORE_LABEL)
+    fig.suptitle(f"{benchmark}: {TASK_SCORE_LABEL}\nby needle depth and context length (grey: no run)", fontsize=11)
+    return _save(fig, path, dpi=110)
+
+
 def plot_all(frame: pd.DataFrame, out: Path) -> list[Path]:
-    """Both figures for every benchmark of the runs frame; returns the files written."""
+    """Both figures for every benchmark of the runs frame, and the heatmap of needle runs; returns the files written."""
     plots, benchmarks = [(plot_benchmark, ""), (plot_task_grid, "_tasks")], sorted(frame.benchmark.unique())
-    return [plot(name, frame, out / f"{name}{suffix}.png") for name in benchmarks for plot, suffix in plots]
+    written = [plot(name, frame, out / f"{name}{suffix}.png") for name in benchmarks for plot, suffix in plots]
+    return written + [
+        plot_needle_heatmap(name, frame, out / f"{name}_heatmap.png") for name in needle_benchmarks(frame)
+    ]

@@ -179,6 +179,12 @@ class Recorder:
                     self.n_errors,
                 )
         rows = rundir.read_predictions(self.predictions)
+        # Answered in kvpress's order (contexts sorted), kept in the benchmark's, as kvpress's predictions.csv is.
+        position = {sample.id: index for index, sample in enumerate(plan.samples)}
+        in_order = sorted(rows, key=lambda row: position.get(row["id"], len(position)))
+        if in_order != rows:
+            rundir.rewrite_predictions(self.predictions, in_order)
+            rows = in_order
         metrics = score_rows(plan.benchmark, rows)
         rundir.write_json(plan.out / rundir.METRICS, metrics)
         print(format_task_table(metrics, title=plan.out.name))

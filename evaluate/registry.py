@@ -1,12 +1,16 @@
 """kvpress's method names: the names the leaderboard and every paper table use, and the presses they mean.
 
-``PRESS_REGISTRY`` lists the entries of kvpress 0.5.5's ``evaluation/evaluate_registry.py`` with their constructor
-arguments; each builds kvpress's own objects. A PressBench configuration carries a registry name exactly when its
-press equals that entry: same classes all the way down and the same constructor arguments, except the knobs
-kvpress's runner sets itself (the compression ratio and its relatives, below). A configuration whose own name is
-a registry name but whose press differs (``press=topk scorer=expected_attention`` is not the registry's
-``expected_attention``, which is ``AdaKVPress(ExpectedAttentionPress(epsilon=1e-2))``) is renamed with the
-``_variant`` suffix, so that no table or export can mistake it for the entry.
+``PRESS_REGISTRY`` lists the entries of kvpress 0.5.5's ``evaluation/evaluate_registry.py``, in its order, with its
+constructor arguments (tests/test_registry.py compares them with the release's own file); each builds kvpress's
+own objects. ``python -m evaluate method=<name>`` runs an entry: :func:`build` makes it and sets the knobs kvpress's
+runner sets (``conf/press/registry.yaml``); each name is an option of the ``method`` config group, stored below.
+
+A PressBench configuration carries a registry name exactly when its press equals that entry: same classes all the
+way down and the same constructor arguments, except the knobs kvpress's runner sets itself (the compression ratio
+and its relatives, below). A configuration whose own name is a registry name but whose press differs
+(``press=topk scorer=expected_attention`` is not the registry's ``expected_attention``, which is
+``AdaKVPress(ExpectedAttentionPress(epsilon=1e-2))``) is renamed with the ``_variant`` suffix, so that no table or
+export can mistake it for the entry.
 """
 
 import logging
@@ -15,6 +19,7 @@ from dataclasses import fields, is_dataclass
 from functools import cache
 
 import torch
+from hydra.core.config_store import ConfigStore
 from kvpress import (
     AdaKVPress,
     BasePress,
@@ -29,12 +34,14 @@ from kvpress import (
     DecodingPress,
     DMSPress,
     DuoAttentionPress,
+    EntropyGatedChunkKVPress,
     ExpectedAttentionPress,
     FastKVzipPress,
     FinchPress,
     KeyDiffPress,
     KnormPress,
     KVComposePress,
+    KVgradPress,
     KVzapPress,
     KVzipPress,
     LagKVPress,
@@ -44,11 +51,14 @@ from kvpress import (
     PyramidKVPress,
     QFilterPress,
     RandomPress,
+    RestoreKVPress,
     SnapKVPress,
     StreamingLLMPress,
     ThinKPress,
     TOVAPress,
 )
+
+from evaluate.errors import ConfigError
 
 VARIANT_SUFFIX = "_variant"
 
@@ -78,12 +88,14 @@ PRESS_REGISTRY: dict[str, Callable[[], BasePress | None]] = {
     "cur": lambda: CURPress(),
     "duo_attention": lambda: DuoAttentionPress(),
     "duo_attention_on_the_fly": lambda: DuoAttentionPress(on_the_fly_scoring=True),
+    "entropy_gated_chunkkv": lambda: EntropyGatedChunkKVPress(press=SnapKVPress()),
     "expected_attention": lambda: AdaKVPress(ExpectedAttentionPress(epsilon=1e-2)),
     "fastkvzip": lambda: FastKVzipPress(),
     "finch": lambda: FinchPress(),
     "keydiff": lambda: KeyDiffPress(),
     "kvcompose": lambda: KVComposePress(),
     "kvcompose_unstructured": lambda: KVComposePress(structured=False),
+    "kvgrad": lambda: KVgradPress(),
     "kvzip": lambda: KVzipPress(),
     "kvzip_plus": lambda: KVzipPress(kvzip_plus_normalization=True),
     "kvzap_linear": lambda: DMSPress(press=KVzapPress(model_type="linear")),
@@ -97,6 +109,8 @@ PRESS_REGISTRY: dict[str, Callable[[], BasePress | None]] = {
     "pyramidkv": lambda: PyramidKVPress(),
     "qfilter": lambda: QFilterPress(),
     "random": lambda: RandomPress(),
+    "RestoreKV": lambda: RestoreKVPress(),
+    "RestoreKV_plus": lambda: RestoreKVPress(kvzip_plus_normalization=True),
     "snap_think": lambda: ComposedPress([SnapKVPress(), ThinKPress()]),
     "snapkv": lambda: SnapKVPress(),
     "streaming_llm": lambda: StreamingLLMPress(),
@@ -123,6 +137,70 @@ PRESS_REGISTRY: dict[str, Callable[[], BasePress | None]] = {
     "merging_expected_attention": lambda: MergingPress(ExpectedAttentionPress(epsilon=1e-2)),
     "merging_kvzap_mlp": lambda: MergingPress(KVzapPress(model_type="mlp")),
 }
+
+
+def _required(value: float | None, knob: str, name: str, family: str) -> float:
+    if value is None:
+        raise ConfigError(f"method={name} needs {knob}=... (kvpress's runner requires it for {family})")
+    return value
+
+
+def build(
+    name: str,
+    compression_ratio: float,
+    key_channel_compression_ratio: float | None = None,
+    threshold: float | None = None,
+    head_compression_ratio: float | None = None,
+    compression_interval: int | None = None,
+    target_size: int | None = None,
+    hidden_states_buffer_size: int | None = None,
+) -> BasePress | None:
+    """Registry entry ``name`` with the knobs set as kvpress's runner (``EvaluationRunner._setup_press``) sets them.
+
+    DuoAttention takes ``head_compression_ratio``, DMS ``threshold`` and ThinK ``key_channel_compression_ratio``,
+    each required; a ComposedPress gives ThinK members the key-channel ratio and the others ``compression_ratio``;
+    a DecodingPress takes the interval, target size and buffer size where given and keeps its defaults elsewhere;
+    every other press gets ``compression_ratio`` when it has one.
+    """
+    if name not in PRESS_REGISTRY:
+        raise ConfigError(f"method={name} is not a kvpress 0.5.5 registry entry; see docs/registry.md for the names")
+    press = PRESS_REGISTRY[name]()
+    if isinstance(press, DuoAttentionPress):
+        press.head_compression_ratio = _required(head_compression_ratio, "head_compression_ratio", name, "DuoAttention")
+    elif isinstance(press, DMSPress):
+        press.threshold = _required(threshold, "threshold", name, "DMSPress")
+    elif isinstance(press, ComposedPress):
+        for member in press.presses:
+            if isinstance(member, ThinKPress):
+                member.key_channel_compression_ratio = _required(
+                    key_channel_compression_ratio, "key_channel_compression_ratio", name, "ThinK"
+                )
+            elif hasattr(member, "compression_ratio"):
+                member.compression_ratio = compression_ratio
+    elif isinstance(press, ThinKPress):
+        press.key_channel_compression_ratio = _required(
+            key_channel_compression_ratio, "key_channel_compression_ratio", name, "ThinK"
+        )
+    elif isinstance(press, DecodingPress):
+        press.compression_interval = compression_interval or press.compression_interval
+        press.target_size = target_size or press.target_size
+        press.hidden_states_buffer_size = hidden_states_buffer_size or press.hidden_states_buffer_size
+    elif press is not None and hasattr(press, "compression_ratio"):
+        press.compression_ratio = compression_ratio
+    return press
+
+
+def store_method_configs() -> None:
+    """One option of the ``method`` config group per entry: ``method=<name>`` selects ``press=registry`` with it."""
+    store = ConfigStore.instance()
+    for name in PRESS_REGISTRY:
+        node = {"defaults": [{"override /press": "registry"}, "_self_"], "press": {"method": name}}
+        store.store(group="method", name=name, node=node, package="_global_")
+
+
+# Hydra reads the config store when it composes; every entry point (python -m evaluate, the tests' compose) imports
+# this module first, through evaluate.config.
+store_method_configs()
 
 
 def same_press(first: object, second: object) -> bool:
@@ -160,6 +238,8 @@ def registry_name(press: BasePress | None) -> str | None:
 
 def method_name(harness_name: str, press: BasePress | None) -> str:
     """The name a run is known by: the registry's where the press is an entry, never an entry's name otherwise."""
+    if harness_name in PRESS_REGISTRY and same_press(press, dict(_entries())[harness_name]):
+        return harness_name
     entry = registry_name(press)
     if entry is not None:
         return entry

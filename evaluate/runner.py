@@ -215,6 +215,9 @@ def answer_with_pipeline(recorder: Recorder, model, tokenizer, budget: int) -> N
     plan = recorder.plan
     pipe = make_pipeline(model, tokenizer, plan.device)
     probe = PrefillProbe(model)
+    # kvpress's runner seeds once before its run: a press drawing random numbers (RandomPress, Compactor's sketch)
+    # draws the same ones here.
+    torch.manual_seed(plan.cfg.seed)
     progress = tqdm(
         total=len(plan.samples), initial=len(recorder.done_ids), unit="sample", desc=plan.out.name, dynamic_ncols=True
     )
@@ -227,7 +230,7 @@ def answer_with_pipeline(recorder: Recorder, model, tokenizer, budget: int) -> N
             try:
                 with chat_template_enabled(tokenizer, group[0].chat_template):
                     answers = pipe(
-                        context + group[0].question if plan.cfg.query_aware else context,
+                        plan.compressed_text(group[0], context),
                         questions=["" if plan.cfg.query_aware else sample.question for sample in group],
                         answer_prefix=group[0].answer_prefix,
                         press=plan.press,

@@ -14,7 +14,7 @@ eager attention, a lone point) take the normal pipeline path.
 import logging
 import time
 from collections.abc import Sequence
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -28,10 +28,10 @@ from transformers.utils import logging as transformers_logging
 
 from evaluate import rundir
 from evaluate.benchmarks import Sample
-from evaluate.config import model_key, run_dir, validate
+from evaluate.config import build_press, model_key, run_dir, validate
 from evaluate.decoding import DecodeRequest, greedy_answers, masks_keys_in_place
 from evaluate.plan import Plan, make_plan
-from evaluate.press_traits import why_not_shared_prefill
+from evaluate.press_traits import changes_the_model, prepare_model, why_not_shared_prefill
 from evaluate.recorder import Recorder
 from evaluate.runner import (
     Models,
@@ -86,7 +86,9 @@ def compressed_cache(press: BasePress | None, layers, captured: list[tuple]) -> 
         # AdaKV leaves its masks on the module; a fresh prefill clears them, so must a rebuilt cache.
         layer.self_attn.masked_key_indices = None
         if press is not None:
-            keys, values = press.compress(layer.self_attn, hidden_states, keys, values, None, kwargs)
+            # Copies: some presses write into the keys they are given (ThinK zeroes pruned channels in place), and
+            # the captured keys serve every other point of the sweep.
+            keys, values = press.compress(layer.self_attn, hidden_states, keys.clone(), values.clone(), None, kwargs)
         cache.update(keys, values, layer_idx)
     return cache
 
@@ -102,6 +104,29 @@ class Pending:
     context_length: int
     prefill_seconds: float
     compress_seconds: float
+
+
+class RandomStream:
+    """A point's own random numbers, seeded as a run alone seeds them: its compressions draw what they would draw
+    in that run whatever the other points of the sweep draw in between."""
+
+    def __init__(self, seed: int, device: torch.device):
+        self.devices = [device] if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=self.devices):
+            torch.manual_seed(seed)
+            self.state = self._get()
+
+    def _get(self) -> tuple:
+        return torch.get_rng_state(), *(torch.cuda.get_rng_state(device) for device in self.devices)
+
+    @contextmanager
+    def active(self):
+        with torch.random.fork_rng(devices=self.devices):
+            torch.set_rng_state(self.state[0])
+            for device, state in zip(self.devices, self.state[1:], strict=True):
+                torch.cuda.set_rng_state(state, device)
+            yield
+            self.state = self._get()
 
 
 class DecodeBatch:
@@ -163,6 +188,9 @@ def answer_with_shared_prefill(points: list[Recorder], model, tokenizer, max_con
     for point, max_context in zip(points, max_contexts, strict=True):
         for group in point.plan.groups():
             work.setdefault(_group_key(point.plan, group, tokenizer, max_context), []).append((point, group))
+    # Contexts in kvpress's order (plan.groups), each point drawing from its own stream.
+    work = dict(sorted(work.items(), key=lambda item: item[0][0] + (item[0][1] or "")))
+    streams = {id(point): RandomStream(point.plan.cfg.seed, model.device) for point in points}
 
     batch_size = min(point.plan.cfg.decode_batch_size for point in points)
     progress = tqdm(total=sum(len(p.plan.todo) for p in points), unit="sample", desc="sweep", dynamic_ncols=True)
@@ -196,7 +224,7 @@ def answer_with_shared_prefill(points: list[Recorder], model, tokenizer, max_con
                             question_ids_for[questions] = pipe.preprocess(
                                 press_text, list(questions), answer_prefix, budget
                             )["questions_ids"]
-                    with torch.no_grad():
+                    with torch.no_grad(), streams[id(point)].active():
                         cache = compressed_cache(point.plan.press, layers, capture.captured)
                         kept_ratio = measure_kept_ratio(model, cache, context_ids.shape[1])
                     requests = [
@@ -272,6 +300,8 @@ def run(cfg: DictConfig) -> dict:
 
 
 def _run_on_one_model(cfgs: list[DictConfig], models: Models, started: float) -> list[Recorder]:
+    if any(changes_the_model(build_press(cfg)) for cfg in cfgs):
+        models = Models()  # its own model and tokenizer, changed for this configuration alone (config.model_key)
     tokenizer = models.tokenizer(instantiate(cfgs[0].model.source))
     recorders = [Recorder(make_plan(cfg, tokenizer)) for cfg in cfgs]
     for recorder in recorders:
@@ -282,6 +312,8 @@ def _run_on_one_model(cfgs: list[DictConfig], models: Models, started: float) ->
     torch.manual_seed(cfgs[0].seed)
     model = models.model(pending[0].plan)
     warn_if_unpatched(model)
+    for recorder in pending:
+        prepare_model(recorder.plan.press, model, tokenizer, recorder.plan.cfg.seed)
     budgets = []
     for recorder in pending:
         budget, truncated = context_budget(recorder.plan, model, tokenizer)

@@ -14,27 +14,24 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import torch
 from hydra.utils import instantiate
 from kvpress import (
     ChunkKVPress,
     EntropyGatedChunkKVPress,
     ExpectedAttentionPress,
-    KVPressTextGenerationPipeline,
     SnapKVPress,
     TOVAPress,
 )
 
 from evaluate import rundir
 from evaluate.config import method_name, run_dir
-from evaluate.models import TinyRandomModel
 from evaluate.registry import PRESS_REGISTRY
 from evaluate.sweep import run, run_sweep
+from tests.kvpress_reference import kvpress_predictions, sample_ids, set_runner_knobs
 from tests.support import FILLER, compose_config
 
 CR = 0.5
 LIVELY = "+model.source.weight_scale=3.0"  # a random model whose answers depend on what the press kept
-LIVELY_MODEL = TinyRandomModel(weight_scale=3.0)
 
 
 def eg_chunkkv(scorer):
@@ -98,39 +95,6 @@ def ruler_file(tmp_path_factory) -> Path:
     return path
 
 
-def sample_ids(frame: pd.DataFrame) -> list[str]:
-    """PressBench's RULER ids, ``{task}-{index within the task}`` in file order."""
-    return [f"{task}-{index}" for task, index in zip(frame["task"], frame.groupby("task").cumcount(), strict=True)]
-
-
-def kvpress_predictions(path: Path, press_factory, query_aware: bool, source=LIVELY_MODEL) -> dict[str, str]:
-    """kvpress's evaluate.py inference on ``path``, keyed by PressBench's sample ids."""
-    model = source.load_model("cpu", "auto", "sdpa")  # from_pretrained as kvpress calls it: dtype auto, no hooks
-    tokenizer = source.load_tokenizer()
-    pipe = KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer, device=torch.device("cpu"))
-    press = press_factory()
-    if press is not None:
-        press.compression_ratio = CR
-    df = pd.read_json(path, lines=True)
-    df["id"] = sample_ids(df)
-    if query_aware:
-        df["context"] = df["context"] + df["question"]
-        df["question"] = ""
-    df["predicted_answer"] = None
-    for context, group in df.groupby("context"):
-        with torch.inference_mode():
-            output = pipe(
-                context,
-                questions=group["question"].to_list(),
-                answer_prefix=group["answer_prefix"].iloc[0],
-                press=press,
-                max_new_tokens=group["max_new_tokens"].iloc[0],
-                max_context_length=None,
-            )
-        df.loc[group.index, "predicted_answer"] = output["answers"]
-    return dict(zip(df["id"], df["predicted_answer"], strict=True))
-
-
 def pressbench_config(tmp_path: Path, path: Path, method: str, query_aware: bool):
     overrides, _ = METHODS[method]
     return compose_config(
@@ -154,7 +118,7 @@ def predictions(cfg) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def reference(ruler_file):
     return {
-        (method, query_aware): kvpress_predictions(ruler_file, factory, query_aware)
+        (method, query_aware): kvpress_predictions(ruler_file, set_runner_knobs(factory(), CR), query_aware)
         for method, (_, factory) in METHODS.items()
         for query_aware in (False, True)
     }
@@ -211,6 +175,7 @@ def test_smollm2_single_run_equals_kvpress_evaluate_on_the_leaderboards_chunkkv(
         *METHODS["chunkkv"][0],
     )
     run(cfg)
-    expected = kvpress_predictions(path, PRESS_REGISTRY["chunkkv"], True, source=instantiate(cfg.model.source))
+    press = set_runner_knobs(PRESS_REGISTRY["chunkkv"](), CR)
+    expected = kvpress_predictions(path, press, True, source=instantiate(cfg.model.source))
     assert predictions(cfg) == expected
     assert any(answer.strip() for answer in expected.values())

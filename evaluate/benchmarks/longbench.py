@@ -256,6 +256,23 @@ METRICS: dict[str, Callable[..., float]] = {
 }
 
 
+def clean_prediction(task: str, prediction: str, protocol: str) -> str:
+    """The protocol's clean-up of a prediction before scoring (see the module docstring)."""
+    if protocol == "kvpress":
+        if task in FIRST_LINE_TASKS:
+            prediction = prediction.lstrip().split("\n")[0]
+        return prediction.lstrip()
+    if task in FIRST_LINE_TASKS:
+        return prediction.lstrip("\n").split("\n")[0]
+    return prediction
+
+
+def best_score(task: str, prediction: str, answers: Iterable[str], all_classes: list[str] | None = None) -> float:
+    """The task's metric of an already cleaned prediction, the max over the answers (0 without answers)."""
+    metric = METRICS[task]
+    return max((metric(prediction, answer, all_classes=all_classes) for answer in answers), default=0.0)
+
+
 def sample_score(
     task: str, prediction: str, answers: Iterable[str], all_classes: list[str] | None = None, protocol: str = "kvpress"
 ) -> float:
@@ -266,14 +283,7 @@ def sample_score(
     """
     if not prediction.strip():
         return 0.0
-    if protocol == "kvpress":
-        if task in FIRST_LINE_TASKS:
-            prediction = prediction.lstrip().split("\n")[0]
-        prediction = prediction.lstrip()
-    elif task in FIRST_LINE_TASKS:
-        prediction = prediction.lstrip("\n").split("\n")[0]
-    metric = METRICS[task]
-    return max((metric(prediction, answer, all_classes=all_classes) for answer in answers), default=0.0)
+    return best_score(task, clean_prediction(task, prediction, protocol), answers, all_classes)
 
 
 def score_predictions(rows: Iterable[dict], protocol: str = "kvpress", benchmark: str = "longbench") -> dict:

@@ -42,7 +42,9 @@ def runs_frame(runs: Sequence[RunResult]) -> pd.DataFrame:
         }
         for task, values in sorted(run.tasks.items()) or [(None, {})]:
             records.append({**common, "task": task, "task_score": values.get("score"), "task_n": values.get("n", 0)})
-    frame = pd.DataFrame.from_records(records).astype({"contexts": "Int64", "task_n": "Int64"})
+    # Scores are floats, NaN where a benchmark gives none (ZeroSCROLLS): tables show "-", plots draw nothing.
+    numbers = {"contexts": "Int64", "task_n": "Int64", "score": float, "task_score": float}
+    frame = pd.DataFrame.from_records(records).astype(numbers)
     label = frame.method.mask(frame.reference, "no compression") + frame.variant.map(bracketed)
     return frame.assign(label=label + frame.query_aware.map(QUERY_AWARE))  # what tells a row's runs apart
 

@@ -1,0 +1,112 @@
+"""kvpress's ``evaluation/evaluate.py`` inference, written out for the tests: the reference PressBench must equal.
+
+It follows kvpress 0.5.5's ``EvaluationRunner``: torch seeded first; a pandas frame of a local RULER-format file;
+the press's knobs set as ``_setup_press`` sets them; eager attention for ObservedAttentionPress; for FinchPress the
+delimiter token added to tokenizer and model and appended to every context; in query-aware runs the question appended
+to the context and emptied; DecodingPress rows asked one by one with ``question=``, every other press's rows grouped
+by context (``groupby("context")``) and asked with ``questions=``, the group's answer prefix and ``max_new_tokens``;
+the model as ``from_pretrained`` gives it, with no PressBench hook unless ``fit_layers`` asks for one (see
+``UNEVEN_LAYERS``).
+"""
+
+from pathlib import Path
+
+import pandas as pd
+import torch
+from kvpress import (
+    BasePress,
+    ComposedPress,
+    DecodingPress,
+    DMSPress,
+    DuoAttentionPress,
+    FinchPress,
+    KVPressTextGenerationPipeline,
+    ObservedAttentionPress,
+    ThinKPress,
+)
+
+from evaluate.layer_masks import fit_masks_to_layers
+from evaluate.models import TinyRandomModel
+
+# A random model whose answers depend on what the press kept.
+LIVELY_MODEL = TinyRandomModel(weight_scale=3.0)
+
+# Entries whose layers keep different numbers of pairs: kvpress's pipeline decodes them only under flash attention
+# (bottom-right causal alignment); under sdpa the question's mask fits no layer but the longest. PressBench fits the
+# mask to each layer (evaluate/layer_masks.py, proven equal to token-by-token decoding in tests/test_layer_masks.py),
+# so their reference is kvpress's pipeline with that hook.
+UNEVEN_LAYERS = frozenset({"pyramidkv", "kvcompose"})
+
+
+def set_runner_knobs(press: BasePress | None, cr: float, **knobs) -> BasePress | None:
+    """``EvaluationRunner._setup_press``: which knob each kind of press takes."""
+    if isinstance(press, DuoAttentionPress):
+        press.head_compression_ratio = knobs["head_compression_ratio"]
+    elif isinstance(press, DMSPress):
+        press.threshold = knobs["threshold"]
+    elif isinstance(press, ComposedPress):
+        for member in press.presses:
+            if isinstance(member, ThinKPress):
+                member.key_channel_compression_ratio = knobs["key_channel_compression_ratio"]
+            elif hasattr(member, "compression_ratio"):
+                member.compression_ratio = cr
+    elif isinstance(press, ThinKPress):
+        press.key_channel_compression_ratio = knobs["key_channel_compression_ratio"]
+    elif isinstance(press, DecodingPress):
+        for knob in ("compression_interval", "target_size", "hidden_states_buffer_size"):
+            setattr(press, knob, knobs.get(knob) or getattr(press, knob))
+    elif press is not None and hasattr(press, "compression_ratio"):
+        press.compression_ratio = cr
+    return press
+
+
+def sample_ids(frame: pd.DataFrame) -> list[str]:
+    """PressBench's RULER ids, ``{task}-{index within the task}`` in file order."""
+    return [f"{task}-{index}" for task, index in zip(frame["task"], frame.groupby("task").cumcount(), strict=True)]
+
+
+def kvpress_predictions(
+    path: Path, press: BasePress | None, query_aware: bool, source=LIVELY_MODEL, fit_layers: bool = False, seed=42
+) -> dict[str, str]:
+    """kvpress's evaluate.py inference on ``path`` with ``press`` (knobs set), keyed by PressBench's sample ids."""
+    torch.manual_seed(seed)  # EvaluationRunner._setup_deterministic_seeds, before anything else
+    attention = "eager" if isinstance(press, ObservedAttentionPress) else "sdpa"
+    model = source.load_model("cpu", "auto", attention)  # from_pretrained as kvpress calls it: dtype auto, no hooks
+    tokenizer = source.load_tokenizer()
+    if fit_layers:
+        fit_masks_to_layers(model)
+    df = pd.read_json(path, lines=True)
+    df["id"] = sample_ids(df)
+    if isinstance(press, FinchPress):
+        torch.manual_seed(seed)  # PressBench seeds the embedding row the resize draws
+        press.update_model_and_tokenizer(model, tokenizer)
+        df["context"] = df["context"] + press.delimiter_token
+    pipe = KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer, device=torch.device("cpu"))
+    if query_aware:
+        df["context"] = df["context"] + df["question"]
+        df["question"] = ""
+    df["predicted_answer"] = None
+    with torch.inference_mode():
+        if isinstance(press, DecodingPress):
+            for index, row in df.iterrows():
+                output = pipe(
+                    row["context"],
+                    question=row["question"],
+                    answer_prefix=row["answer_prefix"],
+                    press=press,
+                    max_new_tokens=row["max_new_tokens"],
+                    max_context_length=None,
+                )
+                df.loc[index, "predicted_answer"] = output["answer"]
+        else:
+            for context, group in df.groupby("context"):
+                output = pipe(
+                    context,
+                    questions=group["question"].to_list(),
+                    answer_prefix=group["answer_prefix"].iloc[0],
+                    press=press,
+                    max_new_tokens=group["max_new_tokens"].iloc[0],
+                    max_context_length=None,
+                )
+                df.loc[group.index, "predicted_answer"] = output["answers"]
+    return dict(zip(df["id"], df["predicted_answer"], strict=True))

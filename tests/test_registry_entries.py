@@ -1,0 +1,272 @@
+"""Every entry of kvpress 0.5.5's press registry, by its name: ``python -m evaluate method=<name>``.
+
+PressBench's ``PRESS_REGISTRY`` is kvpress's, entry for entry (compared with the release's own file); every entry
+that can run here runs on the tiny model, as a single run and in one sweep, and each prediction equals the one
+kvpress's runner gives (tests/kvpress_reference.py); every other entry is refused in one line, before any model
+loads, with its reason; docs/registry.md lists each entry's status as the code decides it.
+"""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from kvpress import DecodingPress
+
+from evaluate import rundir
+from evaluate.config import ConfigError, method_name, run_dir
+from evaluate.models import TinyRandomModel
+from evaluate.press_traits import downloads, kvpress_defect, needs_eager, needs_query_aware
+from evaluate.registry import PRESS_REGISTRY, build
+from evaluate.sweep import run, run_sweep
+from tests.kvpress_reference import UNEVEN_LAYERS, kvpress_predictions, set_runner_knobs
+from tests.support import FILLER, compose_config
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+REPO = Path(__file__).resolve().parent.parent
+CR = 0.5
+# The knobs kvpress's runner takes besides the ratio, where an entry needs them; DecodingPress's are small enough for
+# it to compress a few times within these short answers.
+KNOBS = {"think": {"key_channel_compression_ratio": 0.5}, "snap_think": {"key_channel_compression_ratio": 0.5}}
+DECODING_KNOBS = {"compression_interval": 3, "target_size": 96, "hidden_states_buffer_size": 80}
+# SnapKV scores with the buffered queries, at least its 64-query window of them: this entry compresses once, when the
+# question (longer than the target size) is fed, with the question's queries.
+KNOBS["decoding_adakv_snapkv"] = {"compression_interval": 100, "target_size": 60, "hidden_states_buffer_size": 256}
+# Lively weights, and head_dim 128: AdaKV's fake key must be orthogonal to every query of a question, which a random
+# model allows only for fewer queries than head dimensions, while SnapKV inside a decoding press needs more than its
+# 64-query window.
+MODEL = {"weight_scale": 3.0, "num_attention_heads": 2, "num_key_value_heads": 1}
+REFUSED = {
+    "duo_attention": "DuoAttention's attention patterns",
+    "duo_attention_on_the_fly": "kmfoda/booksum",
+    "fastkvzip": "Fast-KVzip's gates",
+    "kvzap_linear": "KVzap's scorer weights",
+    "kvzap_mlp": "KVzap's scorer weights",
+    "kvzap_mlp_head": "KVzap's scorer weights",
+    "kvzap_mlp_layer": "KVzap's scorer weights",
+    "lukv": "budget curve",
+    "qfilter": "Q-filters",
+    "RestoreKV": "RestoreKV's embeddings",
+    "RestoreKV_plus": "RestoreKV's embeddings",
+    "cam_adakv_snapkv": "AdaKVPress does not have",
+    "decoding_qfilter": "Q-filters",
+    "merging_kvzap_mlp": "KVzap's scorer weights",
+}
+RUNNABLE = [name for name in PRESS_REGISTRY if name not in REFUSED]
+
+
+def knobs(name: str) -> dict:
+    if isinstance(PRESS_REGISTRY[name](), DecodingPress):
+        return KNOBS.get(name, DECODING_KNOBS)
+    # DMS and DuoAttention entries are refused offline, but a run must still name their knob to get that far.
+    return KNOBS.get(name, {"threshold": 0.5, "head_compression_ratio": 0.5} if name in REFUSED else {})
+
+
+def query_aware(name: str) -> bool:
+    return needs_query_aware(PRESS_REGISTRY[name]())
+
+
+def registry_rows() -> list[dict]:
+    """RULER-format rows: one context asked three questions, two contexts asked one each. Questions are long enough
+    for windowed scorers inside decoding presses (SnapKV's 64 queries) to find their window."""
+    rows = []
+    ask = "Read the report again carefully, then answer with the number only, nothing else: "
+    shared = "Report.\n" + FILLER * 5 + "The special magic number for apples is 7341.\n" + FILLER * 2
+    for number, fruit in enumerate(("apples", "pears", "plums")):
+        rows.append(
+            {
+                "context": shared,
+                "question": f"{ask}what is the number for {fruit}?",
+                "answer_prefix": " Answer:",
+                "answer": [str(7341 + number)],
+                "task": "niah_multiquery",
+                "max_new_tokens": 10,
+            }
+        )
+    for index in range(2):
+        rows.append(
+            {
+                "context": f"Notes {index}.\n" + FILLER * (4 + index) + f"Remember the word {'xy'[index] * 3}.\n",
+                "question": f"{ask}which word?",
+                "answer_prefix": " Word:",
+                "answer": ["xy"[index] * 3],
+                "task": "fwe" if index else "vt",
+                "max_new_tokens": 9 + index,
+            }
+        )
+    return rows
+
+
+@pytest.fixture(scope="module")
+def ruler_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("registry") / "test.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in registry_rows()))
+    return path
+
+
+def entry_config(tmp_path: Path, path: Path, name: str):
+    overrides = [f"{knob}={value}" for knob, value in knobs(name).items()]
+    return compose_config(
+        tmp_path,
+        f"method={name}",
+        "benchmark=ruler",
+        f"benchmark.path={path}",
+        "limit=null",
+        *(f"+model.source.{key}={value}" for key, value in MODEL.items()),
+        f"cr={CR}",
+        f"query_aware={query_aware(name)}",
+        *overrides,
+    )
+
+
+def predictions(cfg) -> dict[str, str]:
+    rows = rundir.read_predictions(run_dir(cfg) / rundir.PREDICTIONS)
+    assert not [row for row in rows if row.get("error")], [row["error"] for row in rows if row.get("error")]
+    return {row["id"]: row["prediction"] for row in rows}
+
+
+@pytest.fixture(scope="module")
+def reference(ruler_file):
+    answers = {}
+    for name in RUNNABLE:
+        press = set_runner_knobs(PRESS_REGISTRY[name](), CR, **knobs(name))
+        answers[name] = kvpress_predictions(
+            ruler_file, press, query_aware(name), TinyRandomModel(**MODEL), fit_layers=name in UNEVEN_LAYERS
+        )
+    return answers
+
+
+def test_the_registry_is_kvpress_0_5_5s_entry_for_entry():
+    # kvpress_registry.tsv: written by tests/fixtures/reference_registry.py from the release's evaluate_registry.py.
+    expected = [tuple(line.split("\t")) for line in (FIXTURES / "kvpress_registry.tsv").read_text().splitlines()]
+    assert [(name, repr(factory())) for name, factory in PRESS_REGISTRY.items()] == expected
+
+
+@pytest.mark.parametrize("name", sorted(PRESS_REGISTRY))
+def test_build_sets_the_knobs_kvpress_runner_sets(name):
+    given = {"threshold": 0.3, "head_compression_ratio": 0.4, "key_channel_compression_ratio": 0.6, **DECODING_KNOBS}
+    expected = set_runner_knobs(PRESS_REGISTRY[name](), 0.7, **given)
+    assert repr(build(name, 0.7, **given)) == repr(expected)
+
+
+@pytest.mark.parametrize(
+    ("name", "knob"),
+    [("think", "key_channel_compression_ratio"), ("snap_think", "key_channel_compression_ratio"),
+     ("kvzap_mlp", "threshold"), ("duo_attention", "head_compression_ratio")],
+)  # fmt: skip
+def test_a_missing_runner_knob_is_refused_in_one_line(tmp_path, name, knob):
+    with pytest.raises(ConfigError, match=f"method={name} needs {knob}=") as error:
+        run(compose_config(tmp_path, f"method={name}"))
+    assert "\n" not in str(error.value)
+
+
+def test_decoding_presses_keep_their_defaults_where_no_knob_is_given():
+    assert repr(build("decoding_knorm", 0.5)) == repr(PRESS_REGISTRY["decoding_knorm"]())
+
+
+def test_the_reference_answers_differ_between_entries(reference):
+    # Equality below would prove little if every press gave the same answers.
+    assert len({tuple(answers.values()) for answers in reference.values()}) >= len(RUNNABLE) // 3
+
+
+@pytest.mark.parametrize("name", RUNNABLE)
+def test_every_runnable_entry_equals_kvpress_evaluate(tmp_path, ruler_file, reference, name):
+    cfg = entry_config(tmp_path, ruler_file, name)
+    assert method_name(cfg) == name
+    assert f"__{name}__" in run_dir(cfg).name
+    run(cfg)
+    assert predictions(cfg) == reference[name]
+
+
+def test_one_sweep_over_every_runnable_entry_equals_kvpress_evaluate(tmp_path, ruler_file, reference):
+    cfgs = [entry_config(tmp_path, ruler_file, name) for name in RUNNABLE]
+    run_sweep(cfgs)
+    for name, cfg in zip(RUNNABLE, cfgs, strict=True):
+        assert predictions(cfg) == reference[name], name
+
+
+@pytest.mark.parametrize("name", sorted(UNEVEN_LAYERS))
+def test_kvpress_pipeline_needs_flash_attention_for_uneven_layers(ruler_file, name):
+    # Why their reference carries PressBench's mask hook: without it kvpress's own pipeline fails under sdpa.
+    press = set_runner_knobs(PRESS_REGISTRY[name](), CR)
+    with pytest.raises(RuntimeError, match="size of tensor"):
+        kvpress_predictions(ruler_file, press, False, TinyRandomModel(**MODEL))
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_entries_that_cannot_run_here_are_refused_before_the_model_loads(tmp_path, monkeypatch, name):
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(TinyRandomModel, "load_model", no_model)
+    overrides = [f"{knob}={value}" for knob, value in knobs(name).items()]
+    with pytest.raises(ConfigError, match=re.escape(REFUSED[name])) as error:
+        run(compose_config(tmp_path, f"method={name}", *overrides))
+    assert "\n" not in str(error.value)
+
+
+def test_finch_needs_query_aware_runs(tmp_path):
+    with pytest.raises(ConfigError, match="method finch needs query-aware runs.*query_aware=true"):
+        run(compose_config(tmp_path, "method=finch"))
+
+
+def test_observed_attention_runs_eager_and_refuses_another_attention(tmp_path):
+    assert compose_config(tmp_path, "method=observed_attention").attn_implementation is None
+    with pytest.raises(ConfigError, match="only eager attention returns"):
+        run(compose_config(tmp_path, "method=observed_attention", "attn_implementation=sdpa"))
+
+
+def test_an_unknown_name_is_refused(tmp_path):
+    with pytest.raises(Exception, match="method"):
+        compose_config(tmp_path, "method=not_an_entry")
+
+
+def status(name: str) -> str:
+    """An entry's status as the code decides it: the words docs/registry.md must show."""
+    press = PRESS_REGISTRY[name]()
+    if kvpress_defect(press):
+        return f"refused: {kvpress_defect(press)}"
+    if downloads(press):
+        return f"refused offline: needs {downloads(press)}"
+    conditions = []
+    if needs_query_aware(press):
+        conditions.append("query_aware=true")
+    if needs_eager(press):
+        conditions.append("eager attention (chosen by default)")
+    conditions += [f"{knob}=" for knob in KNOBS.get(name, {}) if name in ("think", "snap_think")]
+    if isinstance(press, DecodingPress):
+        conditions.append("one question at a time (kvpress's runner)")
+    if name in UNEVEN_LAYERS:
+        conditions.append("uneven layers: kvpress's pipeline needs flash attention, PressBench fits the mask")
+    return "runs" + (f"; {', '.join(conditions)}" if conditions else "")
+
+
+def test_docs_list_every_entry_with_its_status():
+    table = {}
+    for line in (REPO / "docs" / "registry.md").read_text(encoding="utf-8").splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and cells[0].startswith("`"):
+            table[cells[0].strip("`")] = cells[1]
+    assert table == {name: status(name) for name in PRESS_REGISTRY}
+    assert set(RUNNABLE) == {name for name in PRESS_REGISTRY if status(name).startswith("runs")}
+
+
+def test_the_readme_groups_every_entry_by_its_status():
+    groups = {"runs": set(), "refused offline": set(), "refused:": set()}
+    for name in PRESS_REGISTRY:
+        groups[
+            next(prefix for prefix in ("refused offline", "refused:", "runs") if status(name).startswith(prefix))
+        ].add(name)
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    rows = {}
+    for line in readme.splitlines():
+        match = re.match(
+            r"\| (runs|runs on GPU only|refused offline: needs a download|refused: [^(]*) \((\d+)\) \|(.*)", line
+        )
+        if match:
+            rows[match[1].split(":")[0] if match[1] != "runs on GPU only" else match[1]] = (int(match[2]), match[3])
+    expected = {"runs": groups["runs"], "refused offline": groups["refused offline"], "refused": groups["refused:"]}
+    for key, names in expected.items():
+        count, cell = rows[key]
+        assert (count, set(re.findall(r"`([^`]+)`", cell))) == (len(names), names), key
+    assert rows["runs on GPU only"][0] == 0
