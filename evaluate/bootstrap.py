@@ -86,9 +86,11 @@ def _score_or_none(benchmark, rows: Sequence[dict]) -> float | None:
     return None if metrics is None else float(metrics["score"])
 
 
-def sample_scores(benchmark, rows: Sequence[dict]) -> list[float]:
-    """Each row's score on its task's scale, from ``benchmark.score`` on the row alone."""
-    return [float(benchmark.score([row])["tasks"][row["task"]]["score"]) for row in rows]
+def sample_scores(benchmark, rows: Sequence[dict]) -> list[float | None]:
+    """Each row's score on its task's scale, from ``benchmark.score`` on the row alone (None where the task has no
+    score: ZeroSCROLLS, or an InfiniteBench task kvpress cannot score)."""
+    scores = [benchmark.score([row])["tasks"][row["task"]]["score"] for row in rows]
+    return [None if score is None else float(score) for score in scores]
 
 
 class Decomposition:

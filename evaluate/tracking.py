@@ -129,7 +129,8 @@ class Tracker:
         data = []
         for row, score in zip(picked, sample_scores(benchmark, picked), strict=True):
             answers = " | ".join(map(str, a)) if isinstance(a := row.get("answers"), list) else str(a)
-            data.append([row.get("id"), row["task"], row.get("question"), answers, row["prediction"], score / 100])
+            correct = None if score is None else score / 100
+            data.append([row.get("id"), row["task"], row.get("question"), answers, row["prediction"], correct])
         return self._wandb.Table(columns=["id", "task", "question", "answers", "prediction", "correct"], data=data)
 
     def finish(self, exit_code: int = 0) -> None:

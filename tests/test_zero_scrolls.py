@@ -19,6 +19,7 @@ from hydra.utils import instantiate
 from evaluate import rundir
 from evaluate.benchmarks import zero_scrolls
 from evaluate.benchmarks.zero_scrolls import TASKS, ZeroScrolls, score_predictions, submission_csv
+from evaluate.bootstrap import sample_scores
 from evaluate.config import ConfigError, run_dir
 from evaluate.plan import select_fraction
 from evaluate.report import main as report_main
@@ -72,6 +73,11 @@ def test_the_run_table_prints_a_dash_for_the_missing_scores():
     lines = format_task_table(score_predictions(prediction_rows())).splitlines()
     assert lines[2].split() == ["gov_report", "-", "1"]
     assert lines[-1].split()[-1] == "-" and lines[-1].startswith(f"score ({LABEL})")
+
+
+def test_samples_without_a_score_stay_without_one_for_wandb_and_the_bootstrap():
+    rows = prediction_rows()
+    assert sample_scores(ZeroScrolls(), rows) == [None] * len(rows)
 
 
 def test_scores_from_a_file_on_the_command_line(tmp_path, capsys):
