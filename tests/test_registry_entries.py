@@ -15,9 +15,11 @@ from kvpress import DecodingPress
 
 from evaluate import rundir
 from evaluate.config import ConfigError, method_name, run_dir
+from evaluate.leaderboard import leaderboard_method
 from evaluate.models import TinyRandomModel
 from evaluate.press_traits import downloads, kvpress_defect, needs_eager, needs_query_aware
 from evaluate.registry import PRESS_REGISTRY, build
+from evaluate.results.runs import collect_runs
 from evaluate.sweep import run, run_sweep
 from tests.kvpress_reference import UNEVEN_LAYERS, kvpress_predictions, set_runner_knobs
 from tests.support import FILLER, compose_config
@@ -183,6 +185,10 @@ def test_one_sweep_over_every_runnable_entry_equals_kvpress_evaluate(tmp_path, r
     run_sweep(cfgs)
     for name, cfg in zip(RUNNABLE, cfgs, strict=True):
         assert predictions(cfg) == reference[name], name
+    # Each run reaches the report and the leaderboard export under its registry name.
+    runs, problems = collect_runs(tmp_path)
+    assert not problems
+    assert sorted(leaderboard_method(run) for run in runs) == sorted(RUNNABLE)
 
 
 @pytest.mark.parametrize("name", sorted(UNEVEN_LAYERS))

@@ -19,6 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from evaluate.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class Sample:
@@ -63,6 +65,19 @@ class Benchmark(ABC):
 
     @abstractmethod
     def load(self, tokenizer, limit: int | None = None) -> list[Sample]: ...
+
+    def selected_tasks(self, label: str, kind: str = "task") -> list[str]:
+        """The tasks a benchmark with a ``tasks`` field runs (all when it is None), refusing any it does not have.
+
+        ``label`` names the benchmark and ``kind`` its tasks in the error (e.g. "LongBench v2", "length").
+        """
+        tasks = list(self.all_tasks) if self.tasks is None else list(self.tasks)
+        unknown = [task for task in tasks if task not in self.all_tasks]
+        if unknown:
+            raise ConfigError(
+                f"unknown {label} {kind}(s) {', '.join(unknown)}; choose from {', '.join(self.all_tasks)}"
+            )
+        return tasks
 
     @abstractmethod
     def score(self, rows: list[dict]) -> dict: ...

@@ -21,14 +21,18 @@ Here every value is x100 and rounded to 2: the headline ``score`` is kvpress's `
 its length's value, ``difficulty`` holds the easy / hard values, and each task also splits by difficulty.
 """
 
-from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import ClassVar
 
 from evaluate.benchmarks import Benchmark, Sample, Source
-from evaluate.benchmarks.sources import hub_rows, is_saved_dataset, locate, read_rows, require_columns
+from evaluate.benchmarks.sources import (
+    data_dir_layout,
+    first_rows_per_task,
+    kvpress_sample,
+    require_columns,
+    split_rows,
+)
 from evaluate.config import ConfigError
 
 TASKS: tuple[str, ...] = ("short", "medium", "long")
@@ -110,44 +114,21 @@ class LongBenchV2(Benchmark):
     tasks: list[str] | None = None
     path: str | None = None
 
-    def _rows(self) -> list[dict]:
-        if self.path is None:
-            layout = (
-                f"the rows of data_dir {self.data_dir} (a .jsonl/.parquet file, a saved dataset, or {self.data_dir}/)"
-            )
-            return hub_rows(self.dataset, self.data_dir, self.split, layout)
-        root = Path(self.path).expanduser()
-        nested = locate(root, self.data_dir) if root.is_dir() and not is_saved_dataset(root) else None
-        return read_rows(nested or root, self.split)
-
     def load(self, tokenizer, limit: int | None = None) -> list[Sample]:
         """At most ``limit`` samples per length group, in source order (the order kvpress's ``fraction`` draws in)."""
-        unknown = [task for task in self.tasks or () if task not in TASKS]
-        if unknown:
-            raise ConfigError(f"unknown LongBench v2 length(s) {', '.join(unknown)}; choose from {', '.join(TASKS)}")
-        counts: Counter[str] = Counter()
-        samples = []
-        for row in self._rows():
-            require_columns(row, COLUMNS, f"LongBench v2 {self.path or self.dataset}")
-            task = row["length"]
-            if task not in TASKS:
-                raise ConfigError(f"LongBench v2 row with length {task!r}; the lengths are {', '.join(TASKS)}")
-            if (self.tasks is not None and task not in self.tasks) or (limit is not None and counts[task] >= limit):
-                continue
-            samples.append(
-                Sample(
-                    id=f"{task}-{counts[task]}",
-                    task=task,
-                    context=row["context"],
-                    question=row["question"],
-                    answer_prefix=row["answer_prefix"],
-                    answers=[row["answer"]],
-                    max_new_tokens=int(row["max_new_tokens"]),
-                    extra={"difficulty": row["difficulty"]},
-                )
-            )
-            counts[task] += 1
-        return samples
+        self.selected_tasks("LongBench v2", kind="length")
+        rows = split_rows(self.dataset, self.data_dir, self.split, self.path, data_dir_layout(self.data_dir))
+        return [
+            kvpress_sample(task, index, row, [row["answer"]], {"difficulty": row["difficulty"]})
+            for task, index, row in first_rows_per_task(rows, self._length, self.tasks, limit)
+        ]
+
+    def _length(self, row: dict) -> str:
+        """The row's task, its length group; the row checked first."""
+        require_columns(row, COLUMNS, f"LongBench v2 {self.path or self.dataset}")
+        if row["length"] not in TASKS:
+            raise ConfigError(f"LongBench v2 row with length {row['length']!r}; the lengths are {', '.join(TASKS)}")
+        return row["length"]
 
     def score(self, rows: list[dict]) -> dict:
         return score_predictions(rows, benchmark=self.name)

@@ -13,11 +13,16 @@ import re
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import ClassVar
 
 from evaluate.benchmarks import Benchmark, Sample, Source
-from evaluate.benchmarks.sources import hub_rows, is_saved_dataset, locate, read_rows, require_columns
+from evaluate.benchmarks.sources import (
+    data_dir_layout,
+    first_rows_per_task,
+    kvpress_sample,
+    require_columns,
+    split_rows,
+)
 from evaluate.config import ConfigError
 
 _CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f]")
@@ -99,41 +104,23 @@ class Ruler(Benchmark):
     tasks: list[str] | None = None
     path: str | None = None
 
-    def _rows(self) -> list[dict]:
-        if self.path is None:
-            layout = (
-                f"the rows of data_dir {self.data_dir} (a .jsonl/.parquet file, a saved dataset, or {self.data_dir}/)"
-            )
-            return hub_rows(self.dataset, self.data_dir, self.split, layout)
-        root = Path(self.path).expanduser()
-        nested = locate(root, self.data_dir) if root.is_dir() and not is_saved_dataset(root) else None
-        return read_rows(nested or root, self.split)
-
     def load(self, tokenizer, limit: int | None = None) -> list[Sample]:
-        counts: dict[str, int] = defaultdict(int)
-        samples = []
-        for row in self._rows():
-            require_columns(row, COLUMNS, f"RULER {self.path or self.dataset}")
-            task = row["task"]
-            if (self.tasks is not None and task not in self.tasks) or (limit is not None and counts[task] >= limit):
-                continue
-            samples.append(
-                Sample(
-                    id=f"{task}-{counts[task]}",
-                    task=task,
-                    context=row["context"],
-                    question=row["question"],
-                    answer_prefix=row["answer_prefix"],
-                    answers=list(row["answer"]),
-                    max_new_tokens=int(row["max_new_tokens"]),
-                )
-            )
-            counts[task] += 1
+        rows = split_rows(self.dataset, self.data_dir, self.split, self.path, data_dir_layout(self.data_dir))
+        samples = [
+            kvpress_sample(task, index, row, list(row["answer"]))
+            for task, index, row in first_rows_per_task(rows, self._task, self.tasks, limit)
+        ]
         if self.tasks is not None:
-            missing = [task for task in self.tasks if task not in counts]
+            # Checked against the rows, not TASKS: a local source may hold other tasks. Every row has a task (_task).
+            present = {row["task"] for row in rows}
+            missing = [task for task in self.tasks if task not in present]
             if missing:
                 raise ConfigError(f"RULER source {self.path or self.dataset} has no rows for {', '.join(missing)}")
         return samples
+
+    def _task(self, row: dict) -> str:
+        require_columns(row, COLUMNS, f"RULER {self.path or self.dataset}")
+        return row["task"]
 
     def score(self, rows: list[dict]) -> dict:
         return score_predictions(rows, benchmark=self.name)

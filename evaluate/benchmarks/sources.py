@@ -13,12 +13,19 @@ A local source (``benchmark.path``) is one of:
 
 Hub datasets stored as one data_dir per task (or per length, for RULER) are looked up in a local directory as
 ``DIR/{name}.jsonl``, ``DIR/{name}.json``, ``DIR/{name}.parquet`` or ``DIR/{name}/``, the layout of a hub snapshot.
+
+Rows in kvpress's hub schema (context, question, answer_prefix, max_new_tokens and the answers) become samples
+through :func:`kvpress_sample`, taken at most ``limit`` per task by :func:`first_rows` (one data_dir per task) or
+:func:`first_rows_per_task` (one split holding every task).
 """
 
 import json
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
+from evaluate.benchmarks import Sample
 from evaluate.config import ConfigError
 
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -39,6 +46,25 @@ def hub_rows(dataset: str, data_dir: str | None, split: str, local_layout: str) 
             f"cannot load {where} from the Hugging Face hub ({error}); download it where the hub is reachable and "
             f"pass benchmark.path=DIR, with {local_layout}"
         ) from error
+
+
+def split_rows(dataset: str, data_dir: str | None, split: str, path: str | None, local_layout: str) -> list[dict]:
+    """All rows of one split: from the hub (:func:`hub_rows`), or from the local source ``path``.
+
+    With a ``data_dir``, a local directory that is not a saved dataset may be a hub snapshot: its ``data_dir`` entry
+    (see :func:`locate`) is read when it has one, the whole directory otherwise.
+    """
+    if path is None:
+        return hub_rows(dataset, data_dir, split, local_layout)
+    root = Path(path).expanduser()
+    snapshot = data_dir is not None and root.is_dir() and not is_saved_dataset(root)
+    nested = locate(root, data_dir) if snapshot else None
+    return read_rows(nested or root, split)
+
+
+def data_dir_layout(data_dir: str) -> str:
+    """What ``benchmark.path`` must hold instead of one hub data_dir (for :func:`split_rows`)."""
+    return f"the rows of data_dir {data_dir} (a .jsonl/.parquet file, a saved dataset, or {data_dir}/)"
 
 
 def is_saved_dataset(path: Path) -> bool:
@@ -107,6 +133,47 @@ def require_columns(row: dict, columns: Sequence[str], where: str) -> None:
     missing = [column for column in columns if column not in row]
     if missing:
         raise ConfigError(f"{where}: rows lack the column(s) {', '.join(missing)}; found {', '.join(sorted(row))}")
+
+
+def kvpress_sample(
+    task: str, index: int, row: Mapping[str, Any], answers: list[str], extra: dict[str, Any] | None = None
+) -> Sample:
+    """The sample of a row in kvpress's hub schema, ``index`` being its place within its task (the id's number)."""
+    return Sample(
+        id=f"{task}-{index}",
+        task=task,
+        context=row["context"],
+        question=row["question"],
+        answer_prefix=row["answer_prefix"],
+        answers=answers,
+        max_new_tokens=int(row["max_new_tokens"]),
+        extra=extra or {},
+    )
+
+
+def first_rows(rows_of_task: Mapping[str, Sequence[dict]], limit: int | None) -> Iterator[tuple[str, int, dict]]:
+    """(task, index within the task, row) of the first ``limit`` rows of each task, task after task."""
+    for task, rows in rows_of_task.items():
+        for index, row in enumerate(rows[:limit]):
+            yield task, index, row
+
+
+def first_rows_per_task(
+    rows: Iterable[dict], task_of: Callable[[dict], str], tasks: Collection[str] | None, limit: int | None
+) -> Iterator[tuple[str, int, dict]]:
+    """(task, index within the task, row) of the first ``limit`` rows of each task in ``tasks`` (None: every task),
+    in source order, from one split that holds every task.
+
+    ``task_of`` reads the task of every row, kept or not, so that it may check each row (columns, task name) in
+    source order, as the benchmarks always have.
+    """
+    counts: Counter[str] = Counter()
+    for row in rows:
+        task = task_of(row)
+        if (tasks is not None and task not in tasks) or (limit is not None and counts[task] >= limit):
+            continue
+        yield task, counts[task], row
+        counts[task] += 1
 
 
 def _read_file(path: Path) -> list[dict]:

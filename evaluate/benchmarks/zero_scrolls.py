@@ -26,8 +26,7 @@ from typing import ClassVar
 
 from evaluate import rundir
 from evaluate.benchmarks import Benchmark, Sample, Source
-from evaluate.benchmarks.sources import hub_rows, read_rows, require_columns
-from evaluate.config import ConfigError
+from evaluate.benchmarks.sources import first_rows_per_task, kvpress_sample, require_columns, split_rows
 
 # kvpress's tasks, in the order of its create_huggingface_dataset.py.
 TASKS: tuple[str, ...] = (
@@ -113,37 +112,20 @@ class ZeroScrolls(Benchmark):
     tasks: list[str] | None = None
     path: str | None = None
 
-    def _rows(self) -> list[dict]:
-        if self.path is None:
-            return hub_rows(self.dataset, None, self.split, "the rows of every task (a .jsonl/.parquet file or folder)")
-        return read_rows(Path(self.path).expanduser(), self.split)
-
     def load(self, tokenizer, limit: int | None = None) -> list[Sample]:
         """At most ``limit`` samples per task, in source order (the order kvpress's ``fraction`` draws in)."""
-        unknown = [task for task in self.tasks or () if task not in TASKS]
-        if unknown:
-            raise ConfigError(f"unknown ZeroSCROLLS task(s) {', '.join(unknown)}; choose from {', '.join(TASKS)}")
-        counts: Counter[str] = Counter()
-        samples = []
-        for row in self._rows():
-            require_columns(row, COLUMNS, f"ZeroSCROLLS {self.path or self.dataset}")
-            task = row["task"]
-            if (self.tasks is not None and task not in self.tasks) or (limit is not None and counts[task] >= limit):
-                continue
-            samples.append(
-                Sample(
-                    id=f"{task}-{counts[task]}",
-                    task=task,
-                    context=row["context"],
-                    question=row["question"],
-                    answer_prefix=row["answer_prefix"],
-                    answers=[],  # not public
-                    max_new_tokens=int(row["max_new_tokens"]),
-                    extra={"zero_scrolls_id": row["id"]},
-                )
-            )
-            counts[task] += 1
-        return samples
+        self.selected_tasks("ZeroSCROLLS")
+        layout = "the rows of every task (a .jsonl/.parquet file or folder)"
+        rows = split_rows(self.dataset, None, self.split, self.path, layout)
+        # No tasks selected keeps every row, of a task outside TASKS too, as kvpress runs the whole split.
+        return [
+            kvpress_sample(task, index, row, [], {"zero_scrolls_id": row["id"]})  # answers: not public
+            for task, index, row in first_rows_per_task(rows, self._task, self.tasks, limit)
+        ]
+
+    def _task(self, row: dict) -> str:
+        require_columns(row, COLUMNS, f"ZeroSCROLLS {self.path or self.dataset}")
+        return row["task"]
 
     def score(self, rows: list[dict]) -> dict:
         return score_predictions(rows, benchmark=self.name)
