@@ -73,10 +73,10 @@ def build_press(cfg: DictConfig) -> BasePress | None:
 
 
 def uses_scorer(cfg: DictConfig) -> bool:
-    """Whether the press is built from the scorer axis (press=topk, adakv, chunkkv...; not method=<entry>)."""
-    if not compresses(cfg):
-        return False
-    return "${scorer." in json.dumps(OmegaConf.to_container(cfg.press, resolve=False))
+    """Whether the press is built from the scorer axis (press=topk, adakv, chunkkv...): every press but none and
+    the registry entries of method=<name>. Read off the press's target, which survives resolving the config (a
+    launcher's workers receive it resolved)."""
+    return compresses(cfg) and cfg.press.press.get("_target_") != registry.BUILD_TARGET
 
 
 def effective_cr(cfg: DictConfig) -> float:

@@ -190,6 +190,10 @@ def build(
     return press
 
 
+# conf/press/registry.yaml's _target_: what tells a registry entry's configuration from the axes' presses.
+BUILD_TARGET = f"{__name__}.build"
+
+
 def store_method_configs() -> None:
     """One option of the ``method`` config group per entry: ``method=<name>`` selects ``press=registry`` with it."""
     store = ConfigStore.instance()

@@ -17,18 +17,7 @@ HUB = Source(dataset="alessiodevoto/aime25")
 
 @dataclass
 class Aime25(BoxedAnswerBenchmark):
-    """AIME 2025 (one task, ``aime25``).
-
-    Parameters
-    ----------
-    path : str, optional
-        Local source instead of the hub, with the hub's columns (context, question, answer_prefix, answer,
-        max_new_tokens): a .jsonl/.json/.parquet file, a saved dataset or a directory of data files.
-    dataset, split : str
-        Hub dataset and split.
-    name : str
-        Benchmark name in run directories and metrics.json.
-    """
+    """AIME 2025 (one task, ``aime25``), the last box counting; its fields: see :class:`BoxedAnswerBenchmark`."""
 
     name: str = "aime25"
     dataset: str = HUB.dataset

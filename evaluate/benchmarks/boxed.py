@@ -22,11 +22,10 @@ accuracy x 100, rounded to 2 decimals (the scale of the other PressBench benchma
 """
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import ClassVar
 
 from evaluate.benchmarks import Benchmark, Sample, Source
-from evaluate.benchmarks.sources import hub_rows, read_rows, require_columns
+from evaluate.benchmarks.sources import first_rows, kvpress_sample, require_columns, split_rows
 
 MARKER = "boxed{"
 COLUMNS = ("context", "question", "answer_prefix", "answer", "max_new_tokens")
@@ -82,13 +81,22 @@ def score_boxed(rows: list[dict], benchmark: str, last: bool, label: str) -> dic
 class BoxedAnswerBenchmark(Benchmark):
     """One hub dataset of problems (one task), scored on the first or last ``\\boxed{...}`` of the prediction.
 
-    Subclasses set ``name``, ``dataset`` (defaulting to ``source.dataset``), ``source``, ``all_tasks`` (the name)
-    and ``last``.
+    Subclasses set the defaults of ``name`` and ``dataset`` (``source.dataset``), and ``source``, ``all_tasks`` (the
+    name) and ``last``: all that tells one such benchmark from another.
+
+    Parameters
+    ----------
+    path : str, optional
+        Local source instead of the hub, with the hub's columns (context, question, answer_prefix, answer,
+        max_new_tokens): a .jsonl/.json/.parquet file, a saved dataset or a directory of data files.
+    dataset, split : str
+        Hub dataset and split.
+    name : str
+        Benchmark name in run directories and metrics.json.
     """
 
     name: str
     dataset: str
-    # Local source instead of the hub, same columns: a .jsonl/.json/.parquet file, a saved dataset or a directory.
     path: str | None = None
     split: str = "test"
     # kvpress loads the whole split (no data_dir), so ``fraction`` draws from all rows at once.
@@ -103,26 +111,13 @@ class BoxedAnswerBenchmark(Benchmark):
 
     def load(self, tokenizer, limit: int | None = None) -> list[Sample]:
         """At most ``limit`` samples, in source order; the answer as a string, as kvpress compares it."""
-        if self.path is None:
-            layout = f"its {self.split} rows (a .jsonl/.parquet file, a saved dataset or a snapshot directory)"
-            rows = hub_rows(self.dataset, None, self.split, layout)
-        else:
-            rows = read_rows(Path(self.path).expanduser(), self.split)
-        samples = []
-        for index, row in enumerate(rows[:limit]):
-            require_columns(row, COLUMNS, f"{self.name} {self.path or self.dataset}")
-            samples.append(
-                Sample(
-                    id=f"{self.name}-{index}",
-                    task=self.name,
-                    context=row["context"],
-                    question=row["question"],
-                    answer_prefix=row["answer_prefix"],
-                    answers=[str(row["answer"])],
-                    max_new_tokens=int(row["max_new_tokens"]),
-                )
-            )
-        return samples
+        layout = f"its {self.split} rows (a .jsonl/.parquet file, a saved dataset or a snapshot directory)"
+        rows = split_rows(self.dataset, None, self.split, self.path, layout)
+        return [self._sample(task, index, row) for task, index, row in first_rows({self.name: rows}, limit)]
+
+    def _sample(self, task: str, index: int, row: dict) -> Sample:
+        require_columns(row, COLUMNS, f"{self.name} {self.path or self.dataset}")
+        return kvpress_sample(task, index, row, [str(row["answer"])])
 
     def score(self, rows: list[dict]) -> dict:
         return score_boxed(rows, self.name, self.last, self.score_label)

@@ -73,7 +73,7 @@ from typing import ClassVar
 
 from evaluate.benchmarks import Benchmark, Sample, Source
 from evaluate.benchmarks.longbench import qa_f1_score
-from evaluate.benchmarks.sources import require_columns, rows_by_task
+from evaluate.benchmarks.sources import first_rows, kvpress_sample, require_columns, rows_by_task
 from evaluate.config import ConfigError
 
 TASKS: tuple[str, ...] = (
@@ -413,38 +413,23 @@ class InfiniteBench(Benchmark):
     def load(self, tokenizer, limit: int | None = None) -> list[Sample]:
         """At most ``limit`` samples per task, in source order, task after task."""
         self._check_scoring()
-        tasks = list(TASKS) if self.tasks is None else list(self.tasks)
-        if UNSCORED_TASK in tasks:
+        if UNSCORED_TASK in (self.tasks or ()):
             raise ConfigError(
                 f"kvpress does not score {UNSCORED_TASK} (its calculate_metrics refuses it); drop it from "
                 "benchmark.tasks"
             )
-        unknown = [task for task in tasks if task not in TASKS]
-        if unknown:
-            raise ConfigError(f"unknown InfiniteBench task(s) {', '.join(unknown)}; choose from {', '.join(TASKS)}")
         layout = "one {task}.jsonl or {task}.parquet file, or {task}/ folder, per InfiniteBench task"
-        sources = rows_by_task(self.dataset, tasks, self.split, self.path, layout)
-        samples = []
-        for task in tasks:
-            for index, row in enumerate(sources[task][:limit]):
-                require_columns(row, COLUMNS, f"InfiniteBench {task}")
-                if isinstance(row["answer"], str):
-                    raise ConfigError(
-                        f"InfiniteBench {task}: 'answer' must be a list of strings (kvpress's hub schema), "
-                        f"not the string {row['answer'][:40]!r}"
-                    )
-                samples.append(
-                    Sample(
-                        id=f"{task}-{index}",
-                        task=task,
-                        context=row["context"],
-                        question=row["question"],
-                        answer_prefix=row["answer_prefix"],
-                        answers=[str(answer) for answer in row["answer"]],
-                        max_new_tokens=int(row["max_new_tokens"]),
-                    )
-                )
-        return samples
+        sources = rows_by_task(self.dataset, self.selected_tasks("InfiniteBench"), self.split, self.path, layout)
+        return [self._sample(task, index, row) for task, index, row in first_rows(sources, limit)]
+
+    def _sample(self, task: str, index: int, row: dict) -> Sample:
+        require_columns(row, COLUMNS, f"InfiniteBench {task}")
+        if isinstance(row["answer"], str):
+            raise ConfigError(
+                f"InfiniteBench {task}: 'answer' must be a list of strings (kvpress's hub schema), "
+                f"not the string {row['answer'][:40]!r}"
+            )
+        return kvpress_sample(task, index, row, [str(answer) for answer in row["answer"]])
 
     def score(self, rows: list[dict]) -> dict:
         self._check_scoring()

