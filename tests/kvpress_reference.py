@@ -27,6 +27,7 @@ from kvpress import (
 
 from evaluate.layer_masks import fit_masks_to_layers
 from evaluate.models import TinyRandomModel
+from tests.support import FILLER
 
 # A random model whose answers depend on what the press kept.
 LIVELY_MODEL = TinyRandomModel(weight_scale=3.0)
@@ -58,6 +59,36 @@ def set_runner_knobs(press: BasePress | None, cr: float, **knobs) -> BasePress |
     elif press is not None and hasattr(press, "compression_ratio"):
         press.compression_ratio = cr
     return press
+
+
+def ruler_rows(ask: str = "", shared_questions: int = 4, single_contexts: int = 3) -> list[dict]:
+    """RULER-format rows: one context asked ``shared_questions`` questions, and ``single_contexts`` contexts asked
+    one each; every question starts with ``ask``."""
+    rows = []
+    shared = "Report.\n" + FILLER * 5 + "The special magic number for apples is 7341.\n" + FILLER * 2
+    for number, fruit in enumerate(("apples", "pears", "plums", "kiwis")[:shared_questions]):
+        rows.append(
+            {
+                "context": shared,
+                "question": f"{ask}What is the number for {fruit}?",
+                "answer_prefix": " Answer:",
+                "answer": [str(7341 + number)],
+                "task": "niah_multiquery",
+                "max_new_tokens": 12,
+            }
+        )
+    for index in range(single_contexts):
+        rows.append(
+            {
+                "context": f"Notes {index}.\n" + FILLER * (4 + index) + f"Remember the word {'xyz'[index] * 3}.\n",
+                "question": f"{ask}Which word?",
+                "answer_prefix": " Word:",
+                "answer": ["xyz"[index] * 3],
+                "task": "fwe" if index else "vt",
+                "max_new_tokens": 9 + index,
+            }
+        )
+    return rows
 
 
 def sample_ids(frame: pd.DataFrame) -> list[str]:

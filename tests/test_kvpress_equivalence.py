@@ -27,8 +27,8 @@ from evaluate import rundir
 from evaluate.config import method_name, run_dir
 from evaluate.registry import PRESS_REGISTRY
 from evaluate.sweep import run, run_sweep
-from tests.kvpress_reference import kvpress_predictions, sample_ids, set_runner_knobs
-from tests.support import FILLER, compose_config
+from tests.kvpress_reference import kvpress_predictions, ruler_rows, sample_ids, set_runner_knobs
+from tests.support import compose_config
 
 CR = 0.5
 LIVELY = "+model.source.weight_scale=3.0"  # a random model whose answers depend on what the press kept
@@ -57,35 +57,6 @@ METHODS = {
         PRESS_REGISTRY["expected_attention"],
     ),
 }
-
-
-def ruler_rows() -> list[dict]:
-    """RULER-format rows: one context asked four questions, and three contexts asked one each."""
-    rows = []
-    shared = "Report.\n" + FILLER * 5 + "The special magic number for apples is 7341.\n" + FILLER * 2
-    for number, fruit in enumerate(("apples", "pears", "plums", "kiwis")):
-        rows.append(
-            {
-                "context": shared,
-                "question": f"What is the number for {fruit}?",
-                "answer_prefix": " Answer:",
-                "answer": [str(7341 + number)],
-                "task": "niah_multiquery",
-                "max_new_tokens": 12,
-            }
-        )
-    for index in range(3):
-        rows.append(
-            {
-                "context": f"Notes {index}.\n" + FILLER * (4 + index) + f"Remember the word {'xyz'[index] * 3}.\n",
-                "question": "Which word?",
-                "answer_prefix": " Word:",
-                "answer": ["xyz"[index] * 3],
-                "task": "fwe" if index else "vt",
-                "max_new_tokens": 9 + index,
-            }
-        )
-    return rows
 
 
 @pytest.fixture(scope="module")

@@ -21,8 +21,8 @@ from evaluate.press_traits import downloads, kvpress_defect, needs_eager, needs_
 from evaluate.registry import PRESS_REGISTRY, build
 from evaluate.results.runs import collect_runs
 from evaluate.sweep import run, run_sweep
-from tests.kvpress_reference import UNEVEN_LAYERS, kvpress_predictions, set_runner_knobs
-from tests.support import FILLER, compose_config
+from tests.kvpress_reference import UNEVEN_LAYERS, kvpress_predictions, ruler_rows, set_runner_knobs
+from tests.support import compose_config
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 REPO = Path(__file__).resolve().parent.parent
@@ -69,34 +69,9 @@ def query_aware(name: str) -> bool:
 
 
 def registry_rows() -> list[dict]:
-    """RULER-format rows: one context asked three questions, two contexts asked one each. Questions are long enough
-    for windowed scorers inside decoding presses (SnapKV's 64 queries) to find their window."""
-    rows = []
-    ask = "Read the report again carefully, then answer with the number only, nothing else: "
-    shared = "Report.\n" + FILLER * 5 + "The special magic number for apples is 7341.\n" + FILLER * 2
-    for number, fruit in enumerate(("apples", "pears", "plums")):
-        rows.append(
-            {
-                "context": shared,
-                "question": f"{ask}what is the number for {fruit}?",
-                "answer_prefix": " Answer:",
-                "answer": [str(7341 + number)],
-                "task": "niah_multiquery",
-                "max_new_tokens": 10,
-            }
-        )
-    for index in range(2):
-        rows.append(
-            {
-                "context": f"Notes {index}.\n" + FILLER * (4 + index) + f"Remember the word {'xy'[index] * 3}.\n",
-                "question": f"{ask}which word?",
-                "answer_prefix": " Word:",
-                "answer": ["xy"[index] * 3],
-                "task": "fwe" if index else "vt",
-                "max_new_tokens": 9 + index,
-            }
-        )
-    return rows
+    """One context asked three questions, two asked one each. Questions are long enough for windowed scorers inside
+    decoding presses (SnapKV's 64 queries) to find their window."""
+    return ruler_rows("Read the report again carefully, then answer with the number only, nothing else: ", 3, 2)
 
 
 @pytest.fixture(scope="module")
