@@ -115,6 +115,9 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"truncation={cfg.truncation!r}; choose one of {', '.join(TRUNCATION_POLICIES)}")
     if cfg.max_context_length is not None and cfg.max_context_length <= 0:
         raise ConfigError(f"max_context_length={cfg.max_context_length} must be a positive number of tokens, or null")
+    stray = [knob for knob in sorted(registry.RUNNER_KNOBS - {"compression_ratio"}) if cfg.get(knob) is not None]
+    if stray and cfg.press.press is not None and cfg.press.press.get("_target_") != registry.BUILD_TARGET:
+        raise ConfigError(f"{', '.join(stray)} set the knobs of kvpress's registry entries; use method=<entry>")
     if not compresses(cfg) and cfg.cr > 0:
         logger.warning("press=none compresses nothing: cr=%s is ignored and the run is recorded at cr=0", cfg.cr)
     if not compresses(cfg):
@@ -185,6 +188,9 @@ def result_config(cfg: DictConfig) -> dict:
     for key in NON_RESULT_KEYS:
         resolved.pop(key, None)
     resolved["cr"] = effective_cr(cfg)
+    for knob in registry.RUNNER_KNOBS:
+        if resolved.get(knob) is None:
+            resolved.pop(knob, None)  # unset knobs do not split runs, nor move the runs recorded before they existed
     # What actually runs, so that a run on flash attention never resumes one on sdpa.
     resolved["attn_implementation"] = attention_implementation(cfg)
     if not compresses(cfg):

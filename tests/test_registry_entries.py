@@ -8,13 +8,15 @@ loads, with its reason; docs/registry.md lists each entry's status as the code d
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from kvpress import DecodingPress
 
 from evaluate import rundir
-from evaluate.config import ConfigError, method_name, run_dir
+from evaluate.config import ConfigError, method_name, result_config, run_dir
 from evaluate.leaderboard import leaderboard_method
 from evaluate.models import TinyRandomModel
 from evaluate.press_traits import downloads, kvpress_defect, needs_eager, needs_query_aware
@@ -137,6 +139,14 @@ def test_a_missing_runner_knob_is_refused_in_one_line(tmp_path, name, knob):
     assert "\n" not in str(error.value)
 
 
+def test_runner_knobs_belong_to_registry_entries_and_split_runs_only_when_set(tmp_path):
+    with pytest.raises(ConfigError, match="key_channel_compression_ratio set the knobs.*use method=<entry>"):
+        run(compose_config(tmp_path, "press=topk", "key_channel_compression_ratio=0.5"))
+    unset, set_ = compose_config(tmp_path, "method=knorm"), compose_config(tmp_path, "method=knorm", "target_size=8")
+    assert run_dir(unset) != run_dir(set_)
+    assert "target_size" not in result_config(unset) and result_config(set_)["target_size"] == 8
+
+
 def test_decoding_presses_keep_their_defaults_where_no_knob_is_given():
     assert repr(build("decoding_knorm", 0.5)) == repr(PRESS_REGISTRY["decoding_knorm"]())
 
@@ -251,3 +261,14 @@ def test_the_readme_groups_every_entry_by_its_status():
         count, cell = rows[key]
         assert (count, set(re.findall(r"`([^`]+)`", cell))) == (len(names), names), key
     assert rows["runs on GPU only"][0] == 0
+
+
+@pytest.mark.slow  # a python -m evaluate process: imports torch and kvpress (about 15 s on 2 cores)
+def test_a_command_line_sweep_over_entries_takes_their_knobs(tmp_path, ruler_file):
+    sweep = ["method=think,snap_think,knorm", "key_channel_compression_ratio=0.5"]
+    command = [sys.executable, "-m", "evaluate", "-m", *sweep]
+    settings = ["model=tiny_random", "device=cpu", "benchmark=ruler", f"benchmark.path={ruler_file}", "limit=1"]
+    done = subprocess.run([*command, *settings, f"output_dir={tmp_path}"], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    names = sorted(path.name.split("__")[2] for path in tmp_path.glob("ruler__*") if (path / rundir.METRICS).is_file())
+    assert names == ["knorm", "snap_think", "think"]
