@@ -8,7 +8,7 @@ import importlib.util
 import json
 import logging
 import socket
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 from hydra.errors import InstantiationException
@@ -59,13 +59,32 @@ OmegaConf.register_new_resolver("path_name", _path_name, replace=True)
 
 def compresses(cfg: DictConfig) -> bool:
     """Whether the configuration compresses at all (press=none and method=no_press do not)."""
-    return cfg.press.press is not None and build_press(cfg) is not None
+    return cfg.press.press is not None and described_press(cfg) is not None
 
 
 def build_press(cfg: DictConfig) -> BasePress | None:
-    """The configuration's press object (None for press=none); a registry entry's missing knob is a ConfigError."""
+    """A new press object for the run (None for press=none); a registry entry's missing knob is a ConfigError."""
+    if cfg.press.press is None:
+        return None
+    return _instantiate(OmegaConf.to_container(cfg.press.press, resolve=True))
+
+
+def described_press(cfg: DictConfig) -> BasePress | None:
+    """The press the configuration describes, to read its classes and arguments, never to run: built once per
+    distinct press configuration, since the checks ask for it many times and some constructors log (KVzip's cost)."""
+    if cfg.press.press is None:
+        return None
+    return _described(json.dumps(OmegaConf.to_container(cfg.press.press, resolve=True), sort_keys=True))
+
+
+@lru_cache(maxsize=256)
+def _described(press_config: str) -> BasePress | None:
+    return _instantiate(json.loads(press_config))
+
+
+def _instantiate(press_config: dict | None) -> BasePress | None:
     try:
-        return instantiate(cfg.press.press)
+        return instantiate(press_config)
     except InstantiationException as error:
         if isinstance(error.__cause__, ConfigError):
             raise error.__cause__ from None
@@ -89,7 +108,7 @@ def attention_implementation(cfg: DictConfig) -> str:
     flash_attention_2 on CUDA when ``flash_attn`` is installed, else the transformers default, sdpa)."""
     if cfg.attn_implementation is not None:
         return cfg.attn_implementation
-    if compresses(cfg) and needs_eager(build_press(cfg)):
+    if compresses(cfg) and needs_eager(described_press(cfg)):
         return "eager"
     if resolve_device(cfg.device).startswith("cuda") and importlib.util.find_spec("flash_attn") is not None:
         return "flash_attention_2"
@@ -98,7 +117,7 @@ def attention_implementation(cfg: DictConfig) -> str:
 
 def method_name(cfg: DictConfig) -> str:
     """The run's method: kvpress's registry name where the press is that entry (evaluate/registry.py)."""
-    return registry.method_name(cfg.press.method, build_press(cfg))
+    return registry.method_name(cfg.press.method, described_press(cfg))
 
 
 def validate(cfg: DictConfig) -> None:
@@ -122,7 +141,7 @@ def validate(cfg: DictConfig) -> None:
         logger.warning("press=none compresses nothing: cr=%s is ignored and the run is recorded at cr=0", cfg.cr)
     if not compresses(cfg):
         return
-    press = build_press(cfg)
+    press = described_press(cfg)
     validate_press(cfg, press, method_name(cfg))
     if needs_non_eager(press) and attention_implementation(cfg) == "eager":
         raise ConfigError(
@@ -232,7 +251,7 @@ def model_key(cfg: DictConfig) -> str:
     """Configurations with equal keys run on one loaded model: in one sweep, and on one worker of the gpus launcher."""
     model = OmegaConf.to_container(cfg.model.source, resolve=True)
     key = [model, cfg.device, cfg.dtype, attention_implementation(cfg), cfg.seed]
-    if compresses(cfg) and changes_the_model(build_press(cfg)):
+    if compresses(cfg) and changes_the_model(described_press(cfg)):
         key.append(run_name(cfg))  # a model this press changes serves no other configuration
     return json.dumps(key, sort_keys=True)
 

@@ -28,7 +28,7 @@ from transformers.utils import logging as transformers_logging
 
 from evaluate import rundir
 from evaluate.benchmarks import Sample
-from evaluate.config import build_press, model_key, run_dir, validate
+from evaluate.config import described_press, model_key, run_dir, validate
 from evaluate.decoding import DecodeRequest, greedy_answers, masks_keys_in_place
 from evaluate.plan import Plan, make_plan
 from evaluate.press_traits import changes_the_model, prepare_model, why_not_shared_prefill
@@ -300,7 +300,7 @@ def run(cfg: DictConfig) -> dict:
 
 
 def _run_on_one_model(cfgs: list[DictConfig], models: Models, started: float) -> list[Recorder]:
-    if any(changes_the_model(build_press(cfg)) for cfg in cfgs):
+    if any(changes_the_model(described_press(cfg)) for cfg in cfgs):
         models = Models()  # its own model and tokenizer, changed for this configuration alone (config.model_key)
     tokenizer = models.tokenizer(instantiate(cfgs[0].model.source))
     recorders = [Recorder(make_plan(cfg, tokenizer)) for cfg in cfgs]
