@@ -44,6 +44,7 @@ NON_RESULT_KEYS = (
     "retry_errors",
     "wandb",
     "decode_batch_size",
+    "decode_memory",
     "wait_for_locks",
     # Which tables the report draws (an experiment preset's report: entry), not what a run computes.
     "report",

@@ -209,9 +209,28 @@ def plot_needle_heatmap(benchmark: str, frame: pd.DataFrame, path: Path) -> Path
     return _save(fig, path, dpi=110)
 
 
+def plot_cost(benchmark: str, frame: pd.DataFrame, path: Path) -> Path:
+    """Headline score against the KV bytes a context's cache physically held, one line per method."""
+    runs, styles, _ = _lines(run_level(frame), benchmark)
+    fig, ax = plt.subplots(figsize=(9.5, 5.2))
+    for label, line in runs.dropna(subset=["kv_bytes_held_per_context"]).groupby("line"):
+        line = line.sort_values("kv_bytes_held_per_context")
+        ax.plot(line.kv_bytes_held_per_context / 2**20, line.score, marker="o", color=styles[label][0], label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("KV cache held per context (MiB, log scale)")
+    ax.set_ylabel("score")
+    ax.set_title(f"{benchmark}: score against the memory the cache really holds")
+    ax.grid(alpha=0.3)
+    fig.legend(loc="upper left", bbox_to_anchor=(1 - 2.4 / fig.get_figwidth(), 0.9), fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1 - 2.5 / fig.get_figwidth(), 1))
+    return _save(fig, path, dpi=110)
+
+
 def plot_all(frame: pd.DataFrame, out: Path) -> list[Path]:
-    """Both figures for every benchmark of the runs frame, and the heatmap of needle runs; returns the files written."""
+    """Both figures for every benchmark of the runs frame, the score against KV bytes where runs recorded them, and
+    the heatmap of needle runs; returns the files written."""
     plots, benchmarks = [(plot_benchmark, ""), (plot_task_grid, "_tasks")], sorted(frame.benchmark.unique())
+    plots += [(plot_cost, "_cost")] if frame.kv_bytes_held_per_context.notna().any() else []
     written = [plot(name, frame, out / f"{name}{suffix}.png") for name in benchmarks for plot, suffix in plots]
     return written + [
         plot_needle_heatmap(name, frame, out / f"{name}_heatmap.png") for name in needle_benchmarks(frame)

@@ -7,8 +7,7 @@ rerun of the same command resumes where a crash stopped.
 import logging
 import resource
 import sys
-import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from importlib.metadata import version
 
@@ -18,6 +17,7 @@ from omegaconf import OmegaConf
 from evaluate import rundir
 from evaluate.benchmarks import Sample
 from evaluate.config import effective_cr
+from evaluate.cost import Cost
 from evaluate.plan import Plan, context_id
 from evaluate.score import score_rows
 from evaluate.tables import format_task_table
@@ -35,11 +35,16 @@ def peak_memory_mb(device: str) -> float:
 
 @dataclass
 class RunStats:
-    """Cumulative over every process that worked on the run, so a resumed run reports its full cost."""
+    """Cumulative over every process that worked on the run, so a resumed run reports its full cost.
 
-    wall_seconds: float = 0.0
-    prefill_seconds: float = 0.0
-    decode_seconds: float = 0.0
+    ``wall_seconds`` is this run's own share of the work (its contexts' prefill, compression and decoding shares),
+    so that points of one sweep do not each report the sweep's whole time. ``contexts`` counts the compressed caches
+    the byte totals are over.
+    """
+
+    cost: Cost = field(default_factory=Cost)
+    contexts: int = 0
+    questions: int = 0
     sessions: int = 0
     started_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
@@ -47,13 +52,35 @@ class RunStats:
     def resume(cls, previous: dict | None) -> "RunStats":
         if not previous:
             return cls(sessions=1)
+        # Runs recorded before the totals existed kept the phase seconds at the top level.
+        totals = previous.get("totals") or previous
         return cls(
-            wall_seconds=previous.get("wall_seconds", 0.0),
-            prefill_seconds=previous.get("prefill_seconds", 0.0),
-            decode_seconds=previous.get("decode_seconds", 0.0),
+            cost=Cost(**{f.name: totals.get(f.name) or 0 for f in fields(Cost)}),
+            contexts=previous.get("contexts", 0),
+            questions=previous.get("questions", 0),
             sessions=previous.get("sessions", 0) + 1,
             started_at=previous.get("started_at") or datetime.now(timezone.utc).isoformat(timespec="seconds"),
         )
+
+    def record(self) -> dict:
+        """run.json's cost fields: per run, per question and per context."""
+        cost = self.cost
+        return {
+            "wall_seconds": round(cost.seconds, 3),
+            "prefill_seconds": round(cost.prefill_seconds, 3),
+            "compress_seconds": round(cost.compress_seconds, 3),
+            "decode_seconds": round(cost.decode_seconds, 3),
+            "generated_tokens": cost.generated_tokens,
+            "decode_tokens_per_second": round(cost.generated_tokens / cost.decode_seconds, 2)
+            if cost.decode_seconds
+            else None,
+            "forward_passes_per_question": round(cost.forward_passes / self.questions, 4) if self.questions else None,
+            "kv_bytes_held_per_context": round(cost.kv_bytes_held / self.contexts) if self.contexts else None,
+            "kv_bytes_kept_per_context": round(cost.kv_bytes_kept / self.contexts) if self.contexts else None,
+            "contexts": self.contexts,
+            "questions": self.questions,
+            "totals": asdict(cost),
+        }
 
 
 def config_record(plan: Plan) -> dict:
@@ -83,7 +110,7 @@ class Recorder:
         self.truncated: int | None = None
         self.tracker = Tracker()
 
-    def start(self, started: float) -> None:
+    def start(self) -> None:
         """Make the directory match the plan (earlier rows dropped by overwrite or retry_errors) and open a session."""
         plan = self.plan
         if not plan.todo:
@@ -97,8 +124,6 @@ class Recorder:
             rundir.rewrite_predictions(self.predictions, plan.kept_rows)
         rundir.write_yaml(plan.out / rundir.CONFIG, config_record(plan))
         self.stats = RunStats.resume(rundir.read_json(plan.out / rundir.RUN))
-        self.session_start = self.stats.wall_seconds
-        self.started = started
         self._write_run("running")
         self.tracker = Tracker.from_config(plan.cfg, plan.out.name)
 
@@ -112,8 +137,7 @@ class Recorder:
         kept_ratio: float | None,
         context_length: int | None,
         error: str | None,
-        prefill_seconds: float,
-        seconds: float,
+        cost: Cost,
     ) -> None:
         rundir.append_predictions(
             self.predictions,
@@ -137,17 +161,18 @@ class Recorder:
             ),
         )
         self.n_errors += len(group) if error else 0
-        self.stats.prefill_seconds += prefill_seconds
-        self.stats.decode_seconds += seconds - prefill_seconds
-        self.stats.wall_seconds = self.session_start + time.perf_counter() - self.started
+        self.stats.cost += cost
+        if not error:
+            self.stats.contexts += 1
+            self.stats.questions += len(group)
         self.done_ids.update(sample.id for sample in group)
         self._write_run("running")
         self.tracker.log_progress(
             len(self.done_ids),
             len(self.plan.samples),
-            wall_seconds=self.stats.wall_seconds,
-            prefill_seconds=self.stats.prefill_seconds,
-            decode_seconds=self.stats.decode_seconds,
+            wall_seconds=self.stats.cost.seconds,
+            prefill_seconds=self.stats.cost.prefill_seconds,
+            decode_seconds=self.stats.cost.decode_seconds,
             kept_ratio=kept_ratio,
             errors=self.n_errors,
         )
@@ -201,9 +226,7 @@ class Recorder:
             "samples_expected": len(self.plan.samples),
             "errors": self.n_errors,
             "truncated_samples": self.truncated,
-            "wall_seconds": round(self.stats.wall_seconds, 3),
-            "prefill_seconds": round(self.stats.prefill_seconds, 3),
-            "decode_seconds": round(self.stats.decode_seconds, 3),
+            **self.stats.record(),
             "peak_memory_mb": round(peak_memory_mb(self.plan.device), 1),
             "device": self.plan.device,
             "sessions": self.stats.sessions,

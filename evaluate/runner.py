@@ -16,6 +16,7 @@ from transformers import DynamicCache
 
 from evaluate.benchmarks import Sample
 from evaluate.config import ConfigError
+from evaluate.cost import Cost, kv_bytes, measure_kept_ratio
 from evaluate.layer_masks import fit_masks_to_layers
 from evaluate.plan import Plan
 from evaluate.recorder import Recorder
@@ -37,10 +38,11 @@ def chat_template_enabled(tokenizer, enabled: bool):
 
 
 class PrefillProbe:
-    """Times the prefill pass and records the context length the pipeline actually fed the model.
+    """Times the prefill pass, records the context length the pipeline actually fed the model, and counts passes.
 
-    kvpress's pipeline runs the prefill as one call of the bare decoder (``model.model``) before any
-    decoding step, so the first such call after ``reset`` is the prefill.
+    kvpress's pipeline runs the prefill as one call of the bare decoder (``model.model``) before any decoding step,
+    so the first such call after ``reset`` is the prefill. Every call of the bare decoder is a forward pass (KVzip's
+    reconstruction passes included); every call of the language-model head's forward generates one token.
     """
 
     def __init__(self, model: torch.nn.Module):
@@ -48,15 +50,19 @@ class PrefillProbe:
         self._handles = [
             model.model.register_forward_pre_hook(self._before, with_kwargs=True),
             model.model.register_forward_hook(self._after, with_kwargs=True),
+            model.register_forward_pre_hook(self._generates),
         ]
         self.reset()
 
     def reset(self) -> None:
         self.context_length: int | None = None
         self.seconds = 0.0
+        self.forward_passes = 0
+        self.generated_tokens = 0
         self._start: float | None = None
 
     def _before(self, module, args, kwargs):
+        self.forward_passes += 1
         if self.context_length is None:
             self.context_length = kwargs["input_ids"].shape[1]
             self._synchronize()
@@ -68,27 +74,12 @@ class PrefillProbe:
             self.seconds = time.perf_counter() - self._start
             self._start = None
 
+    def _generates(self, module, args):
+        self.generated_tokens += 1
+
     def close(self) -> None:
         for handle in self._handles:
             handle.remove()
-
-
-def measure_kept_ratio(model: torch.nn.Module, cache: DynamicCache, context_length: int) -> float:
-    """KV pairs kept over context length, averaged over layers and KV heads.
-
-    Presses that mask rather than remove (AdaKV) leave the masked positions in the cache and record them
-    on each attention module; those are subtracted.
-    """
-    ratios = []
-    for layer, cache_layer in zip(model.model.layers, cache.layers, strict=True):
-        num_heads, length = cache_layer.keys.shape[1], cache_layer.keys.shape[2]
-        kept = torch.full((num_heads,), float(length), dtype=torch.float64)
-        masked = getattr(layer.self_attn, "masked_key_indices", None)
-        if masked is not None:
-            batch_indices, head_indices, _ = masked
-            kept -= torch.bincount(head_indices[batch_indices == 0].cpu(), minlength=num_heads)
-        ratios.append(kept / context_length)
-    return float(torch.cat(ratios).mean())
 
 
 def warn_if_unpatched(model) -> None:
@@ -239,9 +230,20 @@ def answer_with_pipeline(recorder: Recorder, model, tokenizer, budget: int) -> N
                         cache=cache,
                     )["answers"]
                 outcome = answers, measure_kept_ratio(model, cache, probe.context_length), probe.context_length, None
+                held, kept = kv_bytes(model, cache)
             except Exception as failure:
                 outcome = recorder.fail(group, failure)
-            recorder.record(group, *outcome, probe.seconds, time.perf_counter() - group_start)
+                held = kept = 0
+            # The press compresses inside the prefill pass: its time is the prefill's here.
+            cost = Cost(
+                prefill_seconds=probe.seconds,
+                decode_seconds=time.perf_counter() - group_start - probe.seconds,
+                generated_tokens=probe.generated_tokens,
+                forward_passes=probe.forward_passes,
+                kv_bytes_held=held,
+                kv_bytes_kept=kept,
+            )
+            recorder.record(group, *outcome, cost)
             progress.update(len(group))
     finally:
         progress.close()

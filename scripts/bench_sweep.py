@@ -1,12 +1,14 @@
 """Time a small sweep two ways, in one run on one machine, and check both give the same predictions.
 
 1. The harness: one ``python -m evaluate -m ...`` multirun; the default launcher loads the model once,
-   prefills each context once for every sweep point and batches decoding (evaluate/sweep.py, decoding.py).
-   It also runs with ``decode_batch_size=1``, to show what batched decoding adds to the shared prefill.
+   prefills each context once for every sweep point and decodes every point's questions in one pool
+   (evaluate/pooled.py, decoding.py). It also runs with ``decode_batch_size=1``: one model load, then kvpress's
+   pipeline for each point.
 2. The way kvpress's evaluation runs a sweep: one process per point, each loading the model and running the
    pipeline context by context (``python -m evaluate`` for that single point).
 
-    python scripts/bench_sweep.py                                   # SmolLM2, chunkkv/eg_chunkkv x cr 0.5/0.7/0.9
+    python scripts/bench_sweep.py                                   # prefill-bound: SmolLM2, 4,096-token contexts
+    python scripts/bench_sweep.py --workload decode                 # decode-bound: 1,024 tokens, long answers
     python scripts/bench_sweep.py --model tiny_random --max-seq-length 1024   # a quick check of the script itself
     python scripts/bench_sweep.py --random-model --device cuda --dtype bfloat16  # Llama-3.1-8B's shape, random weights
 
@@ -33,6 +35,28 @@ RANDOM_MODEL = [
     "model.name=random-llama-8b",
     "model.source._target_=evaluate.random_models.RandomModel",
 ]
+
+
+# prefill: the EG-ChunkKV preset's presses on 4,096-token contexts with short answers. decode: 1,024-token contexts and
+# the tasks with long answers (cwe 120 tokens, niah_multivalue 128, fwe 50), the preset's presses at four ratios plus
+# adakv_snapkv at 0.5 (whose masked caches decode in the same pool).
+WORKLOADS = {
+    "prefill": dict(
+        presses="chunkkv,eg_chunkkv",
+        crs="0.5,0.7,0.9",
+        tasks="niah_single_1,niah_multikey_2",
+        limit=4,
+        max_seq_length=4096,
+    ),
+    "decode": dict(
+        presses="chunkkv,eg_chunkkv",
+        crs="0.25,0.5,0.75,0.875",
+        extra="adakv:0.5",
+        tasks="niah_single_1,niah_multivalue,cwe,fwe",
+        limit=2,
+        max_seq_length=1024,
+    ),
+}
 
 
 def timed(command: list[str]) -> tuple[float, float]:
@@ -76,13 +100,18 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--dtype", help="model dtype for every run (default: the config's)")
     parser.add_argument("--out-dir", type=Path, default=REPO / "results" / "bench", help="where the tables go")
-    parser.add_argument("--presses", default="chunkkv,eg_chunkkv")
-    parser.add_argument("--crs", default="0.5,0.7,0.9")
-    parser.add_argument("--tasks", default="niah_single_1,niah_multikey_2", help="ruler_synth tasks")
-    parser.add_argument("--limit", type=int, default=4, help="contexts per task")
-    parser.add_argument("--max-seq-length", type=int, default=4096)
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="prefill", help="defaults of the next five")
+    parser.add_argument("--presses")
+    parser.add_argument("--crs")
+    parser.add_argument("--extra", help="more points beyond presses x crs, as press:cr,press:cr")
+    parser.add_argument("--tasks", help="ruler_synth tasks")
+    parser.add_argument("--limit", type=int, help="contexts per task")
+    parser.add_argument("--max-seq-length", type=int)
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
+    for key, value in WORKLOADS[args.workload].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     model_overrides = RANDOM_MODEL if args.random_model else [f"model={args.model}"]
     model_label = "random-llama-8b (random weights)" if args.random_model else args.model
     if args.override:
@@ -99,6 +128,7 @@ def main(argv: list[str] | None = None) -> None:
         *args.override,
     ]
     points = [(press, cr) for press in args.presses.split(",") for cr in args.crs.split(",")]
+    points += [tuple(point.split(":")) for point in args.extra.split(",") if point]
     n_samples = len(points) * args.limit * len(args.tasks.split(","))
     python = [sys.executable, "-m", "evaluate"]
     with tempfile.TemporaryDirectory() as scratch:
@@ -107,7 +137,9 @@ def main(argv: list[str] | None = None) -> None:
         # Dequantize/cache the model and warm the file cache once, outside both timings.
         subprocess.run([*python, *common, "limit=1", "press=none", f"output_dir={scratch}/warm"], cwd=REPO, check=True)
 
-        sweep = [*python, "-m", *common, f"press={args.presses}", f"cr={args.crs}"]
+        # One sweep over every point: a union of one-point grids (hydra/sweeper=grids).
+        grids = ",".join(f"{{press:{press},cr:{cr}}}" for press, cr in points)
+        sweep = [*python, "-m", *common, "hydra/sweeper=grids", f"hydra.sweeper.grids=[{grids}]"]
         shared_wall, shared_peak = timed([*sweep, f"output_dir={shared_dir}"])
         print(f"harness: {shared_wall:.1f} s")
         one_by_one_dir = Path(scratch) / "one_by_one"
@@ -143,33 +175,52 @@ def main(argv: list[str] | None = None) -> None:
                         ),
                         "wall_s": record.get("wall_seconds"),
                         "prefill_s": record.get("prefill_seconds"),
+                        "compress_s": record.get("compress_seconds"),
                         "decode_s": record.get("decode_seconds"),
+                        "generated_tokens": record.get("generated_tokens"),
+                        "forward_passes_per_question": record.get("forward_passes_per_question"),
                         "peak_memory_mb": record.get("peak_memory_mb"),
                         "device": record.get("device"),
                     }
                 )
 
+    def passes(way: str) -> float:
+        """Forward passes per answered question, over every point of the way."""
+        values = [row["forward_passes_per_question"] for row in details if row["way"] == way]
+        return sum(values) / len(values) if values and None not in values else float("nan")
+
     rows = [
-        ("harness (shared prefill, one model load, batched decoding)", shared_wall, shared_peak),
-        ("harness with decode_batch_size=1", one_by_one_wall, one_by_one_peak),
-        ("one process per point (kvpress evaluation)", separate_wall, separate_peak),
+        ("harness: one prefill per context, one decoding pool", shared_wall, shared_peak, passes("harness")),
+        (
+            "harness with decode_batch_size=1 (kvpress's pipeline)",
+            one_by_one_wall,
+            one_by_one_peak,
+            passes("harness_one_by_one"),
+        ),
+        ("one process per point (kvpress evaluation)", separate_wall, separate_peak, passes("separate")),
     ]
+    extra = f" + {args.extra}" if args.extra else ""
     lines = [
-        f"Sweep: {model_label}, presses {args.presses} x cr {args.crs}, ruler_synth {args.tasks} x {args.limit}, "
-        f"max_seq_length {args.max_seq_length}, {args.device}; {n_samples} samples in all.",
+        f"Sweep: {model_label}, presses {args.presses} x cr {args.crs}{extra}, ruler_synth {args.tasks} x "
+        f"{args.limit}, max_seq_length {args.max_seq_length}, {args.device}; {n_samples} samples in all.",
         "",
-        "| way | wall s | samples/s | peak RSS MiB |",
-        "|---|---:|---:|---:|",
-        *(f"| {name} | {wall:.1f} | {n_samples / wall:.3f} | {peak:.0f} |" for name, wall, peak in rows),
+        "| way | wall s | samples/s | forward passes per question | peak RSS MiB |",
+        "|---|---:|---:|---:|---:|",
+        *(
+            f"| {name} | {wall:.1f} | {n_samples / wall:.3f} | {per_question:.2f} | {peak:.0f} |"
+            for name, wall, peak, per_question in rows
+        ),
         "",
-        f"Speed-up: {separate_wall / shared_wall:.2f}x ({separate_wall / one_by_one_wall:.2f}x without batched "
-        f"decoding). Predictions identical for every point, all three ways: {identical}.",
+        f"Speed-up: {separate_wall / shared_wall:.2f}x ({separate_wall / one_by_one_wall:.2f}x with "
+        f"decode_batch_size=1). Forward passes per question: {passes('harness') / passes('separate'):.3f} of "
+        "kvpress's. "
+        f"Predictions identical for every point, all three ways: {identical}.",
         "Peak RSS of the one-process-per-point way is the largest single process.",
     ]
     report = "\n".join(lines)
     print(report)
     device_kind = args.device.split(":")[0]
-    out = args.out_dir / f"sweep_{device_kind}.md"
+    out = args.out_dir / f"sweep_{args.workload}_{device_kind}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(report + "\n")
     # Per run: run.json's cumulative seconds and peak memory (device memory on CUDA, resident memory on CPU).

@@ -382,8 +382,8 @@ def check_budgets(device: str, scratch: Path, smoke: bool) -> tuple[str, str]:
     """Every press x scorer keeps its budget in every layer (tests/test_presses.py's check) on the device."""
     from hydra.utils import instantiate
 
+    from evaluate.cost import measure_kept_ratio
     from evaluate.models import TinyRandomModel
-    from evaluate.runner import measure_kept_ratio
     from tests.support import compose_config, kept_bounds
 
     presses, scorers, cases = test_grid()
@@ -508,54 +508,32 @@ def ids_tokenizer(tokenizer):
     return tokenizer
 
 
-CONTEXT = "Document 7. The grass is green and the sky is blue. The special magic number is 4242. " * 12
-QUESTIONS = ["What is the magic number? ", "What number is the magic? ", "Q? "]
-
-
 def check_batched_decoding(device: str, dtype: str, smoke: bool) -> tuple[str, str]:
-    """evaluate/decoding.py's batched greedy answers against kvpress's pipeline one question at a time."""
-    import torch
-    from kvpress import KnormPress, SnapKVPress
-    from transformers import DynamicCache
-
-    from evaluate.decoding import DecodeRequest, greedy_answers
+    """evaluate/decoding.py's pool against kvpress's pipeline one question at a time (tests/test_decoding.py's rows:
+    caches of five presses, uneven ChunkKV layers, AdaKV masks, three question lengths and budgets)."""
+    from evaluate.decoding import decode_all
+    from evaluate.layer_masks import fit_masks_to_layers
     from evaluate.models import TinyRandomModel
     from evaluate.runner import make_pipeline
-    from presses.eg_chunkkv import EntropyGatedChunkKVPress
-    from tests.test_decoding import pipeline_answers
+    from tests.test_decoding import pipeline_tokens, requests_over_points
 
     results = []
     for architecture in ("llama",) if smoke else ("llama", "qwen3"):
         source = TinyRandomModel(architecture=architecture, weight_scale=3.0)
-        tokenizer = ids_tokenizer(source.load_tokenizer())
+        tokenizer = source.load_tokenizer()
         model = source.load_model(device, dtype, "sdpa")
+        fit_masks_to_layers(model)
         pipe = make_pipeline(model, tokenizer, device)
-        presses = [
-            None,
-            SnapKVPress(compression_ratio=0.5),
-            EntropyGatedChunkKVPress(SnapKVPress(compression_ratio=0.5), chunk_length=8),
-            KnormPress(compression_ratio=0.5),
-            SnapKVPress(compression_ratio=0.8),
-            EntropyGatedChunkKVPress(KnormPress(compression_ratio=0.8), chunk_length=8),
-        ]
-        requests = []
-        for press in presses:
-            tokens = pipe.preprocess(CONTEXT, QUESTIONS, "Answer:", 10**6)
-            cache = DynamicCache()
-            with torch.no_grad(), press(model) if press is not None else torch.no_grad():
-                model.model(input_ids=tokens["context_ids"].to(device), past_key_values=cache)
-            for question, budget in zip(tokens["questions_ids"], (40, 17, 1), strict=True):
-                requests.append(DecodeRequest(cache, question.to(device), tokens["context_ids"].shape[1], budget))
-        expected = pipeline_answers(pipe, requests)
-        batches = len({request.shape_key() for request in requests})
+        requests = requests_over_points(model, pipe, [40, 17, 1])
+        expected = [" ".join(map(str, pipeline_tokens(model, pipe, request))) for request in requests]
         for batch_size in (1, 16):
-            got = greedy_answers(model, tokenizer, requests, batch_size)
-            results.append((architecture, batch_size, batches, *compare_tokens(expected, got)))
+            got = [" ".join(map(str, tokens)) for tokens in decode_all(model, requests, batch_size)]
+            results.append((architecture, batch_size, len(requests), *compare_tokens(expected, got)))
     differing = sum(row[3] for row in results)
     detail = "; ".join(
-        f"{arch} batch {size} ({batches} shapes): {rows} of {len(QUESTIONS) * 6} rows differ, {tokens}/{total} tokens"
+        f"{arch} pool of {size}: {rows} of {count} rows differ, {tokens}/{total} tokens"
         + (f" ({first})" if first else "")
-        for arch, size, batches, rows, tokens, total, first in results
+        for arch, size, count, rows, tokens, total, first in results
     )
     if dtype == "float32":
         return ("pass" if differing == 0 else "fail"), detail

@@ -8,11 +8,12 @@
 # Options: --device cuda|cpu (default cuda), --out DIR (default: $OUT, else results/gpu_check), --budget SECONDS
 # (default 480: every stage is time-boxed and a stage that would not fit is skipped), --smoke / --full (scaled-down
 # shapes; default --smoke on cpu, --full on cuda), --install / --no-install (install .whl/; default on cuda only),
-# --stages a,b (only these of install,env,correctness,throughput,presses,launcher,sweep: a rerun on a warm machine).
+# --stages a,b (only these of install,env,correctness,throughput,presses,launcher,sweep,pool: a rerun on a warm
+# machine).
 # Environment: PYTHON (default .venv/bin/python if present, else python3), WHEELS_DIR (default .whl),
 # WHEELS_PYTHON_VERSION (default 3.12, the GPU machine's python).
-# Writes at most 8 files into the output folder: summary.md, log.md, correctness.csv, throughput.csv,
-# presses_{device}.md/.csv and sweep_{device}.md/.csv. docs/gpu.md says what each stage measures.
+# Writes at most 9 files into the output folder: summary.md, log.md, correctness.csv, throughput.csv,
+# presses_{device}.md/.csv, sweep_prefill_{device}.md/.csv and pool_{device}.md. docs/gpu.md says what each stage measures.
 set -u
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO" || exit 1
@@ -205,6 +206,16 @@ fi
 stage presses 150 "$PY" scripts/bench_presses.py --device "$DEVICE" --out-dir "$OUT_DIR" "${PRESS_ARGS[@]}"
 stage launcher 100 "${CHECK[@]}" launcher "${COMMON[@]}"
 stage sweep 300 "$PY" scripts/bench_sweep.py --random-model --device "$DEVICE" --out-dir "$OUT_DIR" "${SWEEP_ARGS[@]}"
+# The decoding pool's tokens per second at several batch sizes on the 8B-shaped model, against one by one.
+if [ "$SMOKE" = 1 ]; then
+  POOL_ARGS=(--dtype float32 --tokens 512 --new-tokens 8 --batch-sizes 1,8 --shape num_hidden_layers=2
+    --shape hidden_size=256 --shape num_attention_heads=4 --shape num_key_value_heads=2 --shape intermediate_size=512
+    --shape vocab_size=4096)
+else
+  POOL_ARGS=(--dtype bfloat16 --tokens 4096 --new-tokens 32 --batch-sizes 1,8,32,64)
+fi
+stage pool 150 "$PY" scripts/bench_decoding.py --random-model --device "$DEVICE" --out "$OUT_DIR/pool_$DEVICE_KIND.md" \
+  "${POOL_ARGS[@]}"
 
 summarize
 echo "[gpu_check] done in ${SECONDS}s; files in $OUT_DIR:"

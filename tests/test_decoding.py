@@ -1,114 +1,154 @@
-"""Batched greedy decoding gives, row by row, the answers of kvpress's one-question-at-a-time pipeline."""
+"""The decoding pool gives, row by row, the answers of kvpress's one-question-at-a-time pipeline.
+
+One pool holds rows of every kind a sweep produces at once: caches of different lengths, layers of uneven length
+(kvpress's ChunkKV), AdaKV's masked keys, questions of different lengths and answers of different budgets.
+"""
 
 import pytest
 import torch
-from kvpress import AdaKVPress, KnormPress, SnapKVPress
+from kvpress import AdaKVPress, ChunkKVPress, KnormPress, SnapKVPress
 from transformers import DynamicCache
 
-from evaluate.decoding import DecodeRequest, greedy_answers, masks_keys_in_place
+from evaluate.decoding import DecodeRequest, DecodingPool, decode_all, hidden_keys
+from evaluate.layer_masks import fit_masks_to_layers
 from evaluate.models import TinyRandomModel
 from evaluate.runner import make_pipeline
-from presses.chunkkv_exact import ExactChunkKVPress
 
 CONTEXT = "Document 7. The grass is green and the sky is blue. The special magic number is 4242. " * 12
-# The first two have the same length in tokens (the tokenizer is byte-level), so they batch with each other.
-QUESTIONS = ["What is the magic number? ", "What number is the magic? ", "Q? "]
+QUESTIONS = ["What is the magic number? ", "Which number is the magic one? ", "Q? "]
+PRESSES = [
+    None,
+    SnapKVPress(compression_ratio=0.5),
+    KnormPress(compression_ratio=0.8),
+    # Whole chunks of 13 per layer: whether the short trailing chunk is kept changes from layer to layer.
+    ChunkKVPress(KnormPress(compression_ratio=0.5), chunk_length=13),
+    AdaKVPress(SnapKVPress(compression_ratio=0.6)),
+]
+
+
+def ignore(tokens, cost) -> None:
+    pass
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen3"])
 def setup(request):
-    """A random model whose greedy answers depend on the cache, and a tokenizer that "decodes" to token ids."""
+    """A random model whose greedy answers depend on the cache."""
     source = TinyRandomModel(architecture=request.param, weight_scale=3.0)
     tokenizer = source.load_tokenizer()
     model = source.load_model("cpu", "float32", "sdpa")
-    # The byte-level tokenizer decodes most random tokens to U+FFFD: compare the tokens themselves.
-    tokenizer.decode = lambda ids, skip_special_tokens=False: " ".join(str(int(token)) for token in ids)
+    fit_masks_to_layers(model)
     return model, tokenizer, make_pipeline(model, tokenizer, "cpu")
 
 
-def compressed(model, pipe, press) -> tuple[DynamicCache, list[torch.Tensor], int]:
+def compressed(model, pipe, press) -> tuple[DynamicCache, list[torch.Tensor], int, tuple]:
     tokens = pipe.preprocess(CONTEXT, QUESTIONS, "Answer:", 10**6)
     cache = DynamicCache()
     with torch.no_grad(), press(model) if press is not None else torch.no_grad():
         model.model(input_ids=tokens["context_ids"], past_key_values=cache)
-    return cache, tokens["questions_ids"], tokens["context_ids"].shape[1]
-
-
-def pipeline_answers(pipe, requests: list[DecodeRequest]) -> list[str]:
-    answers = []
-    for request in requests:
-        lengths = [layer.keys.shape[2] for layer in request.cache.layers]
-        with torch.no_grad():
-            answers.append(
-                pipe.generate_answer(
-                    request.question_ids, request.cache, request.context_length, request.max_new_tokens
-                )
-            )
-        pipe._remove_answer_from_cache(request.cache, lengths)
-    return answers
+    modules = [layer.self_attn for layer in model.model.layers]
+    hidden = hidden_keys(modules)
+    for module in modules:
+        module.masked_key_indices = None
+    return cache, tokens["questions_ids"], tokens["context_ids"].shape[1], hidden
 
 
 def requests_over_points(model, pipe, max_new_tokens: list[int]) -> list[DecodeRequest]:
-    """Every question on the caches of six sweep points: three keep the same number of pairs, two others too."""
-    presses = [
-        None,
-        SnapKVPress(compression_ratio=0.5),
-        ExactChunkKVPress(SnapKVPress(compression_ratio=0.5), 8),
-        KnormPress(compression_ratio=0.5),
-        SnapKVPress(compression_ratio=0.8),
-        ExactChunkKVPress(KnormPress(compression_ratio=0.8), 8),
-    ]
+    """Every question on the caches of five sweep points."""
     requests = []
-    for press in presses:
-        cache, questions, context_length = compressed(model, pipe, press)
+    for press in PRESSES:
+        cache, questions, context_length, hidden = compressed(model, pipe, press)
         for question, budget in zip(questions, max_new_tokens, strict=True):
-            requests.append(DecodeRequest(cache, question, context_length, budget))
-    batches = {}
-    for request in requests:
-        batches[request.shape_key()] = batches.get(request.shape_key(), 0) + 1
-    assert sorted(batches.values(), reverse=True)[:3] == [6, 4, 3], batches  # rows that really share batches
+            requests.append(DecodeRequest(cache, question, context_length, budget, ignore, hidden))
     return requests
 
 
-@pytest.mark.parametrize("batch_size", [1, 5, 16])
-def test_batched_answers_equal_the_pipelines_one_by_one(setup, batch_size):
-    model, tokenizer, pipe = setup
+def pipeline_tokens(model, pipe, request: DecodeRequest) -> list[int]:
+    """kvpress's pipeline's greedy tokens for one request, with its AdaKV masks set as the press leaves them."""
+    lengths = [layer.keys.shape[2] for layer in request.cache.layers]
+    for module, masked in zip((layer.self_attn for layer in model.model.layers), request.hidden, strict=True):
+        module.masked_key_indices = None if masked is None else (torch.zeros_like(masked[0]), *masked)
+    tokenizer_decode = pipe.tokenizer.decode
+    # The pipeline returns the decoded text: "decode" to the token ids themselves.
+    pipe.tokenizer.decode = lambda ids, skip_special_tokens=False: " ".join(str(int(token)) for token in ids)
+    try:
+        with torch.no_grad():
+            text = pipe.generate_answer(
+                request.question_ids, request.cache, request.context_length, request.max_new_tokens
+            )
+    finally:
+        pipe.tokenizer.decode = tokenizer_decode
+        for module in (layer.self_attn for layer in model.model.layers):
+            module.masked_key_indices = None
+    pipe._remove_answer_from_cache(request.cache, lengths)
+    return [int(token) for token in text.split()]
+
+
+def test_the_pool_holds_every_kind_of_row(setup):
+    model, _, pipe = setup
+    requests = requests_over_points(model, pipe, [5, 5, 5])
+    chunk_lengths = {layer.keys.shape[2] for layer in requests[9].cache.layers}
+    assert len(chunk_lengths) > 1  # ChunkKV's layers are uneven
+    assert any(masked is not None for masked in requests[12].hidden)  # AdaKV masks keys
+    assert len({request.question_ids.shape[1] for request in requests}) == 3
+    assert len({request.cache.layers[0].keys.shape[2] for request in requests}) >= 4
+
+
+@pytest.mark.parametrize("batch_size", [1, 4, 16])
+def test_pooled_answers_equal_the_pipelines_one_by_one(setup, batch_size):
+    model, _, pipe = setup
     requests = requests_over_points(model, pipe, [40, 17, 1])
-    expected = pipeline_answers(pipe, requests)
-    assert len(set(expected)) >= 10  # the rows really differ
-    assert greedy_answers(model, tokenizer, requests, batch_size) == expected
+    expected = [pipeline_tokens(model, pipe, request) for request in requests]
+    assert len({tuple(tokens) for tokens in expected}) >= 10  # the rows really differ
+    assert decode_all(model, requests, batch_size) == expected
 
 
 def test_rows_stop_at_their_own_end_token_as_the_pipeline_does(setup, monkeypatch):
-    model, tokenizer, pipe = setup
+    model, _, pipe = setup
     requests = requests_over_points(model, pipe, [30, 30, 30])
-    free = [[int(token) for token in answer.split()] for answer in pipeline_answers(pipe, requests)]
-    # The end token is the first token of one row (which the pipeline does not test, so that row goes on) and
-    # the most frequent token in the other rows: rows leave their batch at different steps.
-    later = [token for ids in free for token in ids[1:]]
-    stop = max(set(later), key=later.count) if free[1][0] == free[1][1] else free[1][0]
+    free = [pipeline_tokens(model, pipe, request) for request in requests]
+    # The end token is the most frequent later token: rows stop at different steps, some at their first token
+    # (which the pipeline does not test, so those go on).
+    later = [token for tokens in free for token in tokens[1:]]
+    stop = max(set(later), key=later.count)
     monkeypatch.setattr(model.generation_config, "eos_token_id", stop)
-    expected = pipeline_answers(pipe, requests)
-    assert len({len(answer) for answer in expected}) > 1
-    assert greedy_answers(model, tokenizer, requests, 16) == expected
+    expected = [pipeline_tokens(model, pipe, request) for request in requests]
+    assert len({len(tokens) for tokens in expected}) > 1
+    assert decode_all(model, requests, 16) == expected
+
+
+def test_a_row_that_finishes_leaves_and_a_waiting_row_takes_its_slot(setup):
+    model, _, pipe = setup
+    cache, questions, context_length, hidden = compressed(model, pipe, SnapKVPress(compression_ratio=0.5))
+    budgets = [40, 10, 10, 10, 10]
+    requests = [DecodeRequest(cache, questions[0], context_length, budget, ignore, hidden) for budget in budgets]
+    pool = DecodingPool(model, 2, 2**30)
+    for request in requests:
+        pool.submit(request)
+    while pool.busy():
+        pool.step()
+    # Continuous: the long row decodes while the four short ones pass through the other slot, 40 steps in all
+    # plus one question pass per admission. Batches of two waiting on their longest row would take 60 steps.
+    assert pool.peak_rows == 2
+    assert pool.forward_passes <= 40 + len(budgets)
+
+
+def test_the_memory_budget_bounds_the_slots_and_not_the_answers(setup):
+    model, _, pipe = setup
+    requests = requests_over_points(model, pipe, [12, 6, 3])
+    pool = DecodingPool(model, 16, memory_bytes=1)
+    for request in requests:
+        pool.submit(request)
+    while pool.busy():
+        pool.step()
+    assert pool.peak_rows == 1
+    assert decode_all(model, requests, 16, memory_bytes=1) == decode_all(model, requests, 16)
 
 
 def test_decoding_leaves_every_cache_as_it_found_it(setup):
-    model, tokenizer, pipe = setup
+    model, _, pipe = setup
     requests = requests_over_points(model, pipe, [5, 5, 5])
     before = [[(layer.keys.clone(), layer.values.clone()) for layer in r.cache.layers] for r in requests]
-    greedy_answers(model, tokenizer, requests, 16)
+    decode_all(model, requests, 16)
     for request, layers in zip(requests, before, strict=True):
         for layer, (keys, values) in zip(request.cache.layers, layers, strict=True):
             assert torch.equal(layer.keys, keys) and torch.equal(layer.values, values)
-
-
-def test_adakv_masks_are_detected(setup):
-    model, _, pipe = setup
-    modules = [layer.self_attn for layer in model.model.layers]
-    compressed(model, pipe, SnapKVPress(compression_ratio=0.5))
-    assert not masks_keys_in_place(modules)
-    compressed(model, pipe, AdaKVPress(SnapKVPress(compression_ratio=0.5)))
-    assert masks_keys_in_place(modules)
-    for module in modules:
-        module.masked_key_indices = None

@@ -101,10 +101,12 @@ def test_the_reference_answers_differ_between_methods(reference):
         assert len({tuple(answers.values()) for (_, aware), answers in reference.items() if aware == query_aware}) >= 4
 
 
+@pytest.mark.parametrize("decode_batch_size", [1, 32])  # kvpress's pipeline path, and the decoding pool
 @pytest.mark.parametrize("query_aware", [False, True])
 @pytest.mark.parametrize("method", sorted(METHODS))
-def test_single_runs_equal_kvpress_evaluate(tmp_path, ruler_file, reference, method, query_aware):
+def test_single_runs_equal_kvpress_evaluate(tmp_path, ruler_file, reference, method, query_aware, decode_batch_size):
     cfg = pressbench_config(tmp_path, ruler_file, method, query_aware)
+    cfg.decode_batch_size = decode_batch_size
     assert method_name(cfg) == method
     run(cfg)
     assert predictions(cfg) == reference[method, query_aware]
@@ -128,8 +130,9 @@ def test_fraction_draws_the_rows_kvpress_draws(tmp_path, ruler_file):
     assert set(predictions(cfg)) == set(frame.sample(frac=0.5, random_state=42)["id"])
 
 
-@pytest.mark.slow  # the embedded SmolLM2-135M on 1k-token contexts: about a minute on two cores
-def test_smollm2_single_run_equals_kvpress_evaluate_on_the_leaderboards_chunkkv(tmp_path):
+@pytest.mark.slow  # the embedded SmolLM2-135M on 1k-token contexts: about a minute on two cores per case
+@pytest.mark.parametrize(("method", "query_aware"), [("chunkkv", True), ("adakv_snapkv", False)])
+def test_smollm2_single_run_in_the_pool_equals_kvpress_evaluate(tmp_path, method, query_aware):
     rows = ruler_rows()
     for row in rows:
         row["context"] = row["context"] * 3  # about 1,000 tokens for SmolLM2's tokenizer
@@ -142,11 +145,11 @@ def test_smollm2_single_run_equals_kvpress_evaluate_on_the_leaderboards_chunkkv(
         f"benchmark.path={path}",
         "limit=null",
         "cr=0.5",
-        "query_aware=true",
-        *METHODS["chunkkv"][0],
+        f"query_aware={query_aware}",
+        *METHODS[method][0],
     )
     run(cfg)
-    press = set_runner_knobs(PRESS_REGISTRY["chunkkv"](), CR)
-    expected = kvpress_predictions(path, press, True, source=instantiate(cfg.model.source))
+    press = set_runner_knobs(METHODS[method][1](), CR)
+    expected = kvpress_predictions(path, press, query_aware, source=instantiate(cfg.model.source))
     assert predictions(cfg) == expected
     assert any(answer.strip() for answer in expected.values())

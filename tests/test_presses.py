@@ -14,9 +14,9 @@ from kvpress.utils import compute_n_kept
 from transformers import DynamicCache
 
 from evaluate.config import run_name
+from evaluate.cost import measure_kept_ratio
 from evaluate.layer_masks import fit_masks_to_layers
 from evaluate.models import TinyRandomModel
-from evaluate.runner import measure_kept_ratio
 from presses.eg_chunkkv import EntropyGatedChunkKVPress
 from tests.support import CONF_DIR, compose_config, kept_bounds
 

@@ -165,8 +165,13 @@ def test_every_runnable_entry_equals_kvpress_evaluate(tmp_path, ruler_file, refe
     assert predictions(cfg) == reference[name]
 
 
-def test_one_sweep_over_every_runnable_entry_equals_kvpress_evaluate(tmp_path, ruler_file, reference):
+@pytest.mark.parametrize("decode_batch_size", [1, 32])  # kvpress's pipeline for each entry, and the decoding pool
+def test_one_sweep_over_every_runnable_entry_equals_kvpress_evaluate(
+    tmp_path, ruler_file, reference, decode_batch_size
+):
     cfgs = [entry_config(tmp_path, ruler_file, name) for name in RUNNABLE]
+    for cfg in cfgs:
+        cfg.decode_batch_size = decode_batch_size
     run_sweep(cfgs)
     for name, cfg in zip(RUNNABLE, cfgs, strict=True):
         assert predictions(cfg) == reference[name], name

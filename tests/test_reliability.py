@@ -22,9 +22,11 @@ from evaluate.sweep import run, run_sweep
 from tests.support import SharedContextBenchmark, compose_config, with_shared_context
 
 REPO = Path(__file__).resolve().parent.parent
-# The CLI on the tiny model with the in-code benchmark of tests/support.py: 12 contexts x 3 questions.
+# The CLI on the tiny model with the in-code benchmark of tests/support.py: 12 contexts x 3 questions, through the
+# decoding pool with room for one context's questions at a time, so that contexts are recorded one after another.
 KILL_RUN = (
     "model=tiny_random",
+    "decode_batch_size=3",
     "press=eg_chunkkv",
     "cr=0.5",
     "limit=null",
@@ -267,18 +269,21 @@ def test_long_contexts_are_truncated_by_the_recorded_policy(tmp_path, tiny_token
     assert {row["context_length"] for row in rows} == {200 + len(tiny_tokenizer.encode("<|im_start|>user\n"))}
 
 
-def test_a_failing_context_is_recorded_scored_wrong_and_does_not_stop_the_run(tmp_path, monkeypatch):
+@pytest.mark.parametrize("decode_batch_size", [1, 32])  # kvpress's pipeline path, and the decoding pool
+def test_a_failing_context_is_recorded_scored_wrong_and_does_not_stop_the_run(tmp_path, monkeypatch, decode_batch_size):
     from kvpress import KVPressTextGenerationPipeline
 
-    original = KVPressTextGenerationPipeline.__call__
+    original = KVPressTextGenerationPipeline.preprocess
 
-    def fail_on_document_1(self, context, **kwargs):
+    def fail_on_document_1(self, context, *args, **kwargs):
+        # Both paths tokenize the context through the pipeline's preprocess before its prefill.
         if "Document 1." in context:
             raise RuntimeError("CUDA out of memory (simulated)")
-        return original(self, context, **kwargs)
+        return original(self, context, *args, **kwargs)
 
-    monkeypatch.setattr(KVPressTextGenerationPipeline, "__call__", fail_on_document_1)
-    cfg = with_shared_context(compose_config(tmp_path, "press=topk", "limit=null"))
+    monkeypatch.setattr(KVPressTextGenerationPipeline, "preprocess", fail_on_document_1)
+    path = f"decode_batch_size={decode_batch_size}"
+    cfg = with_shared_context(compose_config(tmp_path, "press=topk", "limit=null", path))
     metrics = run(cfg)
     out = run_dir(cfg)
     rows = rundir.read_predictions(out / rundir.PREDICTIONS)
@@ -292,10 +297,10 @@ def test_a_failing_context_is_recorded_scored_wrong_and_does_not_stop_the_run(tm
     assert metrics["tasks"]["niah_task0"]["n_errors"] == 2 and metrics["tasks"]["niah_task1"]["n_errors"] == 1
 
     with pytest.raises(RuntimeError, match="simulated"):
-        run(with_shared_context(compose_config(tmp_path / "fast", "press=topk", "limit=null", "fail_fast=true")))
+        run(with_shared_context(compose_config(tmp_path / "fast", "press=topk", "limit=null", "fail_fast=true", path)))
 
     monkeypatch.undo()
-    metrics = run(with_shared_context(compose_config(tmp_path, "press=topk", "limit=null", "retry_errors=true")))
+    metrics = run(with_shared_context(compose_config(tmp_path, "press=topk", "limit=null", "retry_errors=true", path)))
     rows = rundir.read_predictions(out / rundir.PREDICTIONS)
     assert len(rows) == 9 and not any(row.get("error") for row in rows)
     assert rundir.read_json(out / rundir.RUN)["status"] == "complete"

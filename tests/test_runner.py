@@ -57,8 +57,27 @@ def test_questions_sharing_a_context_are_answered_from_one_compression(tmp_path,
         return original(self, context, **kwargs)
 
     monkeypatch.setattr(KVPressTextGenerationPipeline, "__call__", counting_call)
-    run(with_shared_context(compose_config(tmp_path, "press=topk", "cr=0.5")))
+    run(with_shared_context(compose_config(tmp_path, "press=topk", "cr=0.5", "decode_batch_size=1")))
     assert calls == [3, 3]
+
+
+def test_the_pool_compresses_each_context_once_for_its_questions(tmp_path, monkeypatch):
+    from evaluate import pooled
+
+    compressions = []
+    original = pooled.compressed_cache
+
+    def counting(*args):
+        compressions.append(args[0])
+        return original(*args)
+
+    monkeypatch.setattr(pooled, "compressed_cache", counting)
+    cfg = with_shared_context(compose_config(tmp_path, "press=topk", "cr=0.5"))
+    run(cfg)
+    assert len(compressions) == 2
+    record = rundir.read_json(run_dir(cfg) / rundir.RUN)
+    # Two prefills and two compressions for six questions, and fewer passes per question than one by one.
+    assert record["contexts"] == 2 and record["questions"] == 6
 
 
 def test_query_aware_compresses_context_and_question_together(tmp_path):
@@ -230,3 +249,26 @@ def test_the_command_line_summary_names_the_commands_that_follow(tmp_path):
     assert summary[2] == f"next: python -m evaluate.report {tmp_path}   (tables and plots of every run)"
     # The last press= wins, as in Hydra; an uncompressed run suggests a sweep of presses that compress.
     assert summary[3].startswith("      python -m evaluate -m press=chunkkv,eg_chunkkv model=tiny_random limit=1 ")
+
+
+def test_a_failed_pool_pass_fails_its_unanswered_contexts_and_the_run_goes_on(tmp_path, monkeypatch):
+    from evaluate.decoding import DecodingPool
+
+    original = DecodingPool._forward
+    passes = []
+
+    def fail_once(self, *args):
+        passes.append(1)
+        if len(passes) == 1:
+            raise RuntimeError("CUDA out of memory (simulated)")
+        return original(self, *args)
+
+    monkeypatch.setattr(DecodingPool, "_forward", fail_once)
+    # Room for one context's three questions at a time: the failed pass served the first context only.
+    cfg = with_shared_context(compose_config(tmp_path, "press=topk", "limit=null", "decode_batch_size=3"))
+    metrics = run(cfg)
+    rows = rundir.read_predictions(run_dir(cfg) / rundir.PREDICTIONS)
+    failed = [row for row in rows if row.get("error")]
+    assert len(rows) == 9 and len(failed) == 3
+    assert all("out of memory" in row["error"] and row["prediction"] == "" for row in failed)
+    assert metrics["n_errors"] == 3

@@ -10,7 +10,9 @@ from evaluate import rundir
 from evaluate.config import run_dir
 from evaluate.models import TinyRandomModel
 from evaluate.plan import make_plan
-from evaluate.sweep import PrefillCapture, compressed_cache, run, run_sweep, shares_prefill
+from evaluate.pooled import PrefillCapture, compressed_cache
+from evaluate.press_traits import why_not_shared_prefill
+from evaluate.sweep import run, run_sweep
 from tests.support import compose_config, with_shared_context
 
 PRESSES = ("topk", "chunkkv", "chunkkv_exact", "eg_chunkkv", "adakv")
@@ -86,7 +88,9 @@ def test_points_that_cannot_share_take_the_pipeline_path(tmp_path):
     eager = with_shared_context(compose_config(tmp_path, "press=topk", "attn_implementation=eager", "limit=null"))
     shared = with_shared_context(compose_config(tmp_path, "press=topk"))
     tokenizer = TinyRandomModel().load_tokenizer()
-    assert not shares_prefill(make_plan(eager, tokenizer)) and shares_prefill(make_plan(shared, tokenizer))
+    eager_plan, shared_plan = make_plan(eager, tokenizer), make_plan(shared, tokenizer)
+    assert why_not_shared_prefill(eager_plan.press, eager_plan.attention) is not None
+    assert why_not_shared_prefill(shared_plan.press, shared_plan.attention) is None
     metrics = run_sweep(
         [
             eager,

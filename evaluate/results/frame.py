@@ -9,6 +9,17 @@ from evaluate.results.runs import NO_PRESS, RunResult
 _RUN_ATTRIBUTES = "benchmark model model_id method variant query_aware score interval_note partial_reasons".split()
 _INTERVAL = {"ci_low": "low", "ci_high": "high", "contexts": "contexts"}  # frame column: Interval attribute
 _TASK_COLUMNS = ["task", "task_score", "task_n"]
+# What a run cost, as run.json records it (evaluate/recorder.py): the report's cost table and plot.
+COST_COLUMNS = (
+    "prefill_seconds",
+    "compress_seconds",
+    "decode_seconds",
+    "generated_tokens",
+    "decode_tokens_per_second",
+    "forward_passes_per_question",
+    "kv_bytes_held_per_context",
+    "kv_bytes_kept_per_context",
+)
 QUERY_AWARE = {True: " (query-aware)", False: ""}  # what labels add for query-aware runs
 
 
@@ -37,7 +48,7 @@ def runs_frame(runs: Sequence[RunResult]) -> pd.DataFrame:
             "settings": run.config.get("benchmark", {}),
             "status": run.run.get("status", ""),
             "kept_ratio": sum(kept) / len(kept) if kept else None,
-            **{key: run.run.get(key) for key in ("wall_seconds", "peak_memory_mb")},
+            **{key: run.run.get(key) for key in ("wall_seconds", "peak_memory_mb", *COST_COLUMNS)},
             "run_dir": str(run.path),
         }
         for task, values in sorted(run.tasks.items()) or [(None, {})]:

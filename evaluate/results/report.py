@@ -11,7 +11,7 @@ from evaluate.results.compare import compare_tables, load_references
 from evaluate.results.differences import Effect, diff_table, effect_table, load_effects
 from evaluate.results.frame import runs_frame
 from evaluate.results.runs import RunResult, compute_intervals
-from evaluate.results.tables import Table, headline_table, runs_table, task_table
+from evaluate.results.tables import Table, cost_table, headline_table, runs_table, task_table
 
 
 @dataclass
@@ -26,7 +26,8 @@ class Report:
     unmatched_references: int = 0
 
     def tables(self) -> list[Table]:
-        return [*self.headline, *self.tasks, *self.differences, *self.comparisons, runs_table(self.frame)]
+        tables = [*self.headline, *self.tasks, *self.differences, *self.comparisons]
+        return [*tables, cost_table(self.frame), runs_table(self.frame)]
 
     def page(self, runs_dir: Path, resamples: int) -> str:
         """All tables as one Markdown page; per-task tables are linked rather than inlined."""

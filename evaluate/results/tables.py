@@ -7,7 +7,7 @@ from typing import Any
 
 import pandas as pd
 
-from evaluate.results.frame import run_level
+from evaluate.results.frame import COST_COLUMNS, run_level
 from evaluate.results.runs import NO_PRESS, flatten
 
 # Frame columns that the CSV files name otherwise.
@@ -166,3 +166,26 @@ def runs_table(frame: pd.DataFrame) -> Table:
     columns += "partial_reasons status kept_ratio wall_seconds peak_memory_mb run_dir".split()
     data = frame.assign(partial_reasons=frame.partial_reasons.str.join("; "))[columns]
     return Table("runs", "Runs", data.rename(columns=_CSV_NAMES))
+
+
+def cost_table(frame: pd.DataFrame) -> Table:
+    """Every run's cost beside its score: seconds by phase, decoding speed, forward passes per question, peak memory,
+    and the KV bytes each context's cache physically held against those its press counts as kept."""
+    frame = run_level(frame).sort_values(["benchmark", "model", "method", "variant", "cr"], kind="stable")
+    columns = ["benchmark", "model", "method", "variant", "query_aware", "cr", "score", *COST_COLUMNS]
+    columns += ["wall_seconds", "peak_memory_mb"]
+    data = frame[columns].rename(columns=_CSV_NAMES)
+    shown = data.assign(
+        **{name: data[name].map(fmt_number) for name in ("score", "prefill_seconds", "compress_seconds")},
+        **{name: data[name].map(fmt_number) for name in ("decode_seconds", "forward_passes_per_question")},
+        **{name: data[name].map(fmt_mib) for name in ("kv_bytes_held_per_context", "kv_bytes_kept_per_context")},
+    ).rename(columns={"kv_bytes_held_per_context": "KV MiB held", "kv_bytes_kept_per_context": "KV MiB kept"})
+    notes = [
+        "KV MiB per context: held is what the compressed cache physically stores (masking presses keep every pair), "
+        "kept is what the press counts as kept. Seconds are each run's own share of a sweep's shared work."
+    ]
+    return Table("cost", "Cost beside quality", data, [("", shown)], notes)
+
+
+def fmt_mib(value: float | None) -> str:
+    return "-" if pd.isna(value) else f"{value / 2**20:.2f}"
