@@ -117,7 +117,7 @@ class GroupAnswers:
             self.cost.decode_seconds += row_cost.decode_seconds
             self.cost.forward_passes += row_cost.forward_passes
             self.cost.generated_tokens += row_cost.generated_tokens
-            if all(answer is not None for answer in self.answers):
+            if self.complete:
                 self.point.record(self.group, self.answers, self.kept_ratio, self.context_length, None, self.cost)
                 self.progress.update(len(self.group))
 
