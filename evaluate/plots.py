@@ -210,12 +210,14 @@ def plot_needle_heatmap(benchmark: str, frame: pd.DataFrame, path: Path) -> Path
 
 
 def plot_cost(benchmark: str, frame: pd.DataFrame, path: Path) -> Path:
-    """Headline score against the KV bytes a context's cache physically held, one line per method."""
+    """Headline score against the KV bytes a context's cache physically held, one line per method; the uncompressed
+    runs are the reference's points, at the full cache."""
     runs, styles, _ = _lines(run_level(frame), benchmark)
     fig, ax = plt.subplots(figsize=(9.5, 5.2))
     for label, line in runs.dropna(subset=["kv_bytes_held_per_context"]).groupby("line"):
         line = line.sort_values("kv_bytes_held_per_context")
-        ax.plot(line.kv_bytes_held_per_context / 2**20, line.score, marker="o", color=styles[label][0], label=label)
+        color, marker = styles.get(label, (_REFERENCE_COLOR, "s"))
+        ax.plot(line.kv_bytes_held_per_context / 2**20, line.score, marker=marker, color=color, label=label)
     ax.set_xscale("log")
     ax.set_xlabel("KV cache held per context (MiB, log scale)")
     ax.set_ylabel("score")

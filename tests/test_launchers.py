@@ -231,6 +231,9 @@ REQUEUE_RUN = (
     "model=tiny_random",
     "press=eg_chunkkv",
     "limit=null",
+    # A pool of one context's three questions answers the contexts one after another, so the signal lands mid-run;
+    # the default pool would hold all 18 rows and answer them in one burst.
+    "decode_batch_size=3",
     *in_code_benchmark("tests.support.SharedContextBenchmark", "+benchmark.contexts=6", "+benchmark.max_new_tokens=12"),
 )
 

@@ -402,6 +402,8 @@ def test_report_command_writes_tables_and_readable_plots(runs_dir, tmp_path, cap
     assert "| ruler | eg_chunkkv_snapkv | 100.00 [100.00, 100.00] n=26 | 73.08 [" in out.out
     assert "status running" in out.err
     assert sorted(path.name for path in tables.iterdir()) == [
+        "cost.csv",
+        "cost.md",
         "diff__snapkv__no_press.csv",
         "diff__snapkv__no_press.md",
         "gate_effect.csv",

@@ -175,10 +175,13 @@ def cost_table(frame: pd.DataFrame) -> Table:
     columns = ["benchmark", "model", "method", "variant", "query_aware", "cr", "score", *COST_COLUMNS]
     columns += ["wall_seconds", "peak_memory_mb"]
     data = frame[columns].rename(columns=_CSV_NAMES)
+    kv_columns = ("kv_bytes_held_per_context", "kv_bytes_kept_per_context")
+    counted = ("generated_tokens",)
+    measured = [name for name in data.columns[6:] if name not in kv_columns + counted]
     shown = data.assign(
-        **{name: data[name].map(fmt_number) for name in ("score", "prefill_seconds", "compress_seconds")},
-        **{name: data[name].map(fmt_number) for name in ("decode_seconds", "forward_passes_per_question")},
-        **{name: data[name].map(fmt_mib) for name in ("kv_bytes_held_per_context", "kv_bytes_kept_per_context")},
+        **{name: data[name].map(fmt_number) for name in measured},
+        **{name: data[name].map(lambda value: "-" if pd.isna(value) else f"{value:.0f}") for name in counted},
+        **{name: data[name].map(fmt_mib) for name in kv_columns},
     ).rename(columns={"kv_bytes_held_per_context": "KV MiB held", "kv_bytes_kept_per_context": "KV MiB kept"})
     notes = [
         "KV MiB per context: held is what the compressed cache physically stores (masking presses keep every pair), "
