@@ -218,11 +218,6 @@ def result_config(cfg: DictConfig) -> dict:
         resolved["press"] = {"method": "no_press", "press": None}
         for knob in registry.RUNNER_KNOBS:
             resolved.pop(knob, None)
-    if not compresses(cfg):
-        # method=no_press is press=none: one run, whichever way it was asked for.
-        resolved["press"] = {"method": "no_press", "press": None}
-        for knob in registry.RUNNER_KNOBS:
-            resolved.pop(knob, None)
     if not uses_scorer(cfg):
         # A press that is not built from the scorer (none, or a registry entry) must not split runs by its choice.
         resolved.pop("scorer", None)

@@ -46,6 +46,7 @@ WORKLOADS = {
         crs="0.5,0.7,0.9",
         tasks="niah_single_1,niah_multikey_2",
         limit=4,
+        extra="",
         max_seq_length=4096,
     ),
     "decode": dict(
