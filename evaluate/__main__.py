@@ -1,11 +1,9 @@
 """``python -m evaluate [overrides]``: the Hydra application that runs one configuration (or a sweep with -m)."""
 
-import sys
-
 import hydra
 from omegaconf import DictConfig
 
-from evaluate.config import ConfigError
+from evaluate.errors import ConfigError, refuse
 from evaluate.summary import run_summary
 from evaluate.sweep import run
 
@@ -15,8 +13,7 @@ def main(cfg: DictConfig) -> float | None:
     try:
         metrics = run(cfg)
     except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+        refuse(error)
     print(run_summary(cfg, metrics))
     return metrics["score"]
 

@@ -177,6 +177,23 @@ def test_a_model_that_cannot_be_loaded_is_refused_in_one_line_naming_the_fix(tmp
     assert "Traceback" not in result.stderr
 
 
+def test_a_refused_point_ends_a_sweep_in_one_line_before_any_point_runs(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "evaluate", "-m", "model=tiny_random", "cr=0.5,1.5", f"output_dir={tmp_path}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: cr=1.5 is outside [0, 1): cr is the fraction of KV pairs removed, e.g. cr=0.5"
+    )
+    assert "Traceback" not in result.stderr
+    # The good point did not run either: only Hydra's record of the sweep exists.
+    assert [path.name for path in tmp_path.iterdir()] == ["multirun"]
+
+
 def test_resuming_with_a_different_configuration_is_refused(tmp_path):
     cfg = with_shared_context(compose_config(tmp_path, "press=topk", "limit=1"))
     run(cfg)

@@ -38,7 +38,9 @@ class SharedPrefillLauncher(Launcher):
         self.task_function = task_function
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from evaluate.sweep import run_sweep  # the harness, imported only when a sweep actually runs
+        # The harness, imported only when a sweep actually runs.
+        from evaluate.errors import ConfigError, refuse
+        from evaluate.sweep import run_sweep
 
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
@@ -58,7 +60,11 @@ class SharedPrefillLauncher(Launcher):
         if sweep_configs:
             # Jobs read the sweep's Hydra settings (e.g. the wandb group is the sweep folder) as they would per job.
             HydraConfig.instance().set_config(sweep_configs[0])
-        metrics = run_sweep(task_configs)
+        try:
+            metrics = run_sweep(task_configs)
+        except ConfigError as error:
+            # Every point is checked before any runs: one bad point refuses the sweep in one line, as a single run.
+            refuse(error)
         return [
             JobReturn(
                 overrides=list(overrides),
