@@ -7,7 +7,9 @@ import hashlib
 import importlib.util
 import json
 import logging
+import os
 import socket
+from collections.abc import Mapping
 from functools import cache, lru_cache
 from pathlib import Path
 
@@ -92,6 +94,24 @@ def _instantiate(press_config: dict | None) -> BasePress | None:
         raise
 
 
+def uses_registry_entry(cfg: DictConfig) -> bool:
+    """Whether the press is a kvpress registry entry (method=<name>, press=registry)."""
+    return cfg.press.press is not None and cfg.press.press.get("_target_") == registry.BUILD_TARGET
+
+
+def refuse_unread_knobs(cfg: DictConfig) -> None:
+    """Refuse a single run's knob that its registry entry does not read: it would only duplicate the run without it.
+    (A sweep may give one knob to several entries; the points that do not read it run without it.)"""
+    if not uses_registry_entry(cfg):
+        return
+    unread = registry.unread_knobs(cfg.press.method, {knob: cfg.get(knob) for knob in registry.RUNNER_KNOBS})
+    if unread:
+        settings = " ".join(f"{knob}={cfg.get(knob)}" for knob in unread)
+        raise ConfigError(
+            f"method={cfg.press.method} does not read {settings}; drop it (it would only duplicate the run without it)"
+        )
+
+
 def uses_scorer(cfg: DictConfig) -> bool:
     """Whether the press is built from the scorer axis (press=topk, adakv, chunkkv...): every press but none and
     the registry entries of method=<name>. Read off the press's target, which survives resolving the config (a
@@ -121,6 +141,17 @@ def method_name(cfg: DictConfig) -> str:
     return registry.method_name(cfg.press.method, described_press(cfg))
 
 
+def validate_choices(choices: Mapping[str, str | None]) -> None:
+    """Refuse config-group choices that contradict each other (Hydra's ``runtime.choices`` of a run or sweep point):
+    ``method=`` selects ``press=registry``, and a ``press=`` given beside it would win silently."""
+    method, press = choices.get("method"), choices.get("press")
+    if method is not None and press != "registry":
+        raise ConfigError(
+            f"press={press} and method={method} both choose the press; give one: method={method} runs kvpress's "
+            f"registry entry, press={press} the press of conf/press/{press}.yaml"
+        )
+
+
 def validate(cfg: DictConfig) -> None:
     """Refuse configurations kvpress cannot run, each with a one-line reason."""
     if not 0 <= cfg.cr < 1:
@@ -131,13 +162,25 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"fraction={cfg.fraction} is outside (0, 1]: the share of samples to run, e.g. 0.1")
     if cfg.decode_batch_size < 1:
         raise ConfigError(f"decode_batch_size={cfg.decode_batch_size} must be at least 1 (1 decodes one by one)")
+    if cfg.decode_memory is not None and cfg.decode_memory <= 0:
+        raise ConfigError(
+            f"decode_memory={cfg.decode_memory} must be a positive number of GiB, or null for the default"
+        )
+    if resolve_device(cfg.device).startswith("cuda") and not _cuda_available():
+        raise ConfigError(
+            f"device={cfg.device}, but torch sees no CUDA GPU on this machine; use device=cpu or device=auto"
+        )
+    _check_writable(Path(cfg.output_dir))
     if cfg.truncation not in TRUNCATION_POLICIES:
         raise ConfigError(f"truncation={cfg.truncation!r}; choose one of {', '.join(TRUNCATION_POLICIES)}")
     if cfg.max_context_length is not None and cfg.max_context_length <= 0:
         raise ConfigError(f"max_context_length={cfg.max_context_length} must be a positive number of tokens, or null")
-    stray = [knob for knob in sorted(registry.RUNNER_KNOBS - {"compression_ratio"}) if cfg.get(knob) is not None]
-    if stray and cfg.press.press is not None and cfg.press.press.get("_target_") != registry.BUILD_TARGET:
-        raise ConfigError(f"{', '.join(stray)} set the knobs of kvpress's registry entries; use method=<entry>")
+    knobs = {knob: cfg.get(knob) for knob in sorted(registry.RUNNER_KNOBS - {"compression_ratio"})}
+    if uses_registry_entry(cfg):
+        registry.check_knob_ranges(knobs)
+    elif cfg.press.press is not None and any(value is not None for value in knobs.values()):
+        stray = ", ".join(knob for knob, value in knobs.items() if value is not None)
+        raise ConfigError(f"{stray} set the knobs of kvpress's registry entries; use method=<entry>")
     if not compresses(cfg) and cfg.cr > 0:
         logger.warning("press=none compresses nothing: cr=%s is ignored and the run is recorded at cr=0", cfg.cr)
     if not compresses(cfg):
@@ -211,6 +254,10 @@ def result_config(cfg: DictConfig) -> dict:
     for knob in registry.RUNNER_KNOBS:
         if resolved.get(knob) is None:
             resolved.pop(knob, None)  # unset knobs do not split runs, nor move the runs recorded before they existed
+    if uses_registry_entry(cfg):
+        # A knob the entry does not read (a sweep's key_channel_compression_ratio on its knorm point) changes nothing.
+        for knob in registry.unread_knobs(cfg.press.method, resolved):
+            resolved.pop(knob)
     # What actually runs, so that a run on flash attention never resumes one on sdpa.
     resolved["attn_implementation"] = attention_implementation(cfg)
     if not compresses(cfg):
@@ -252,9 +299,24 @@ def model_key(cfg: DictConfig) -> str:
     return json.dumps(key, sort_keys=True)
 
 
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def resolve_device(device: str) -> str:
     if device != "auto":
         return device
-    import torch
+    return "cuda" if _cuda_available() else "cpu"
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+
+def _check_writable(output_dir: Path) -> None:
+    """Refuse an ``output_dir`` that is a file or sits in a folder this process cannot write, before any run starts."""
+    existing = next(path for path in (output_dir, *output_dir.absolute().parents) if path.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"output_dir={output_dir} is not a folder ({existing} is a file); pass another output_dir")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"output_dir={output_dir} cannot be written ({existing} is read-only); pass another output_dir"
+        )

@@ -217,7 +217,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m evaluate.leaderboard", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs_dir", nargs="?", type=Path, default=DEFAULT_RUNS, help="default: %(default)s")
     parser.add_argument("--out", type=Path, required=True, help="submission folder (one subdirectory per run)")
-    parser.add_argument("--allow-partial", action="store_true", help="export partial runs too (fraction < 1)")
+    parser.add_argument(
+        "--allow-partial",
+        action="store_true",
+        help=(
+            "export runs that are not full leaderboard runs too: a limit, fraction < 1, missing tasks, local data, "
+            "failed samples, or a model without a hub id (refused, with the reason, without this flag)"
+        ),
+    )
     args = parser.parse_args(argv)
     try:
         written, refused = export(args.runs_dir, args.out, args.allow_partial)

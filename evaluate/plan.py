@@ -1,9 +1,9 @@
 """Everything decided about one configuration before its model loads: the plan of a run.
 
-``make_plan`` validates the configuration, names its run directory, builds its benchmark, model source and press,
-loads its samples and reads what an earlier session already answered, in one step and without writing anything;
-the resulting :class:`Plan` does not change while the run executes (evaluate/recorder.py writes, the engines in
-evaluate/runner.py and evaluate/sweep.py answer).
+``make_plan`` takes a validated configuration (``config.validate``), names its run directory, builds its benchmark,
+model source and press, loads its samples and reads what an earlier session already answered, in one step and
+without writing anything; the resulting :class:`Plan` does not change while the run executes (evaluate/recorder.py
+writes, the engines in evaluate/runner.py and evaluate/sweep.py answer).
 """
 
 import hashlib
@@ -27,7 +27,6 @@ from evaluate.config import (
     method_name,
     resolve_device,
     run_dir,
-    validate,
     validate_context_lengths,
 )
 from evaluate.press_traits import compressed_suffix, decodes_per_sample
@@ -35,6 +34,36 @@ from evaluate.press_traits import compressed_suffix, decodes_per_sample
 
 def context_id(context: str) -> str:
     return hashlib.sha1(context.encode("utf-8")).hexdigest()[:12]
+
+
+def sample_identity(sample: Sample) -> dict:
+    """What a prediction row records of its sample first (resuming checks it, with ``max_new_tokens``, unchanged)."""
+    return {
+        "id": sample.id,
+        "task": sample.task,
+        "context_id": context_id(sample.context),
+        "question": sample.question,
+        "answer_prefix": sample.answer_prefix,
+        "answers": list(sample.answers),
+    }
+
+
+def check_same_samples(out: Path, rows: list[dict], samples: list[Sample]) -> None:
+    """Refuse to resume on rows answered for other data than the benchmark now loads (a data file edited in place
+    under the same path): a stale row would otherwise be reported as complete."""
+    now = {sample.id: {**sample_identity(sample), "max_new_tokens": sample.max_new_tokens} for sample in samples}
+    stale = [
+        (row["id"], changed)
+        for row in rows
+        if (changed := [key for key, value in now.get(row["id"], {}).items() if key in row and row[key] != value])
+    ]
+    if stale:
+        first, changed = stale[0]
+        raise ConfigError(
+            f"{out}: {len(stale)} of its {len(rows)} predictions answer samples that have changed since (the first, "
+            f"{first}: its {', '.join(changed)}); the data changed under the same name: pass overwrite=true to redo "
+            "the run or output_dir=... to keep both"
+        )
 
 
 def group_by_context(samples: list[Sample], query_aware: bool) -> list[list[Sample]]:
@@ -201,8 +230,8 @@ def previous_rows(out: Path, cfg: DictConfig, run_fingerprint: str) -> list[dict
 
 
 def make_plan(cfg: DictConfig, tokenizer) -> Plan:
-    """Plan ``cfg`` (its run directory locked by the caller): every check that needs no model weights runs here."""
-    validate(cfg)
+    """Plan ``cfg``, already validated (``run_sweep`` checks every point before it locks any run directory), its
+    run directory locked by the caller: the checks that need the tokenizer and the samples run here."""
     out = run_dir(cfg)
     run_fingerprint = fingerprint(cfg)
     benchmark = instantiate(cfg.benchmark)
@@ -211,6 +240,7 @@ def make_plan(cfg: DictConfig, tokenizer) -> Plan:
     question_tokens = max(len(tokenizer.encode(s.question, add_special_tokens=False)) for s in samples)
     validate_context_lengths(cfg, min(context_tokens.values()) + (question_tokens if cfg.query_aware else 0))
     kept = previous_rows(out, cfg, run_fingerprint)
+    check_same_samples(out, kept, samples)
     done = {row["id"] for row in kept}
     return Plan(
         cfg=cfg,

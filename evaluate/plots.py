@@ -65,7 +65,8 @@ def _style(ax, ratios: Sequence[float], values: Sequence[float], fontsize: int =
 
 def _save(fig, path: Path, dpi: int) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi)
+    # The canvas grows to hold the legend: long method and variant labels are never cut off at the edge.
+    fig.savefig(path, dpi=dpi, bbox_inches="tight", pad_inches=0.15)
     plt.close(fig)
     return path
 

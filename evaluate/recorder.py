@@ -18,7 +18,7 @@ from evaluate import rundir
 from evaluate.benchmarks import Sample
 from evaluate.config import effective_cr
 from evaluate.cost import Cost
-from evaluate.plan import Plan, context_id
+from evaluate.plan import Plan, sample_identity
 from evaluate.score import score_rows
 from evaluate.tables import format_task_table
 from evaluate.tracking import Tracker
@@ -143,12 +143,7 @@ class Recorder:
             self.predictions,
             (
                 {
-                    "id": sample.id,
-                    "task": sample.task,
-                    "context_id": context_id(sample.context),
-                    "question": sample.question,
-                    "answer_prefix": sample.answer_prefix,
-                    "answers": list(sample.answers),
+                    **sample_identity(sample),
                     "prediction": answer,
                     "max_new_tokens": sample.max_new_tokens,
                     "compression_ratio": effective_cr(self.plan.cfg),

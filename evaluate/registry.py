@@ -14,7 +14,7 @@ export can mistake it for the entry.
 """
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import fields, is_dataclass
 from functools import cache
 
@@ -137,6 +137,51 @@ PRESS_REGISTRY: dict[str, Callable[[], BasePress | None]] = {
     "merging_expected_attention": lambda: MergingPress(ExpectedAttentionPress(epsilon=1e-2)),
     "merging_kvzap_mlp": lambda: MergingPress(KVzapPress(model_type="mlp")),
 }
+
+
+# The runner knob each family of entries reads (build sets them); any other knob given to an entry is refused, as
+# kvpress's runner would ignore it and the run would only duplicate the one without it.
+_KNOBS_READ = (
+    (DuoAttentionPress, ("head_compression_ratio",)),
+    (DMSPress, ("threshold",)),
+    (ThinKPress, ("key_channel_compression_ratio",)),
+    (DecodingPress, ("compression_interval", "target_size", "hidden_states_buffer_size")),
+)
+# What each knob may be: (smallest, largest or None, is an integer, what it is). kvpress passes them on unchecked,
+# and a value out of range fails every sample instead of refusing the run.
+KNOB_RANGES = {
+    "key_channel_compression_ratio": (0.0, 1.0, False, "the fraction of key channels removed, in [0, 1)"),
+    "head_compression_ratio": (0.0, 1.0, False, "the fraction of heads compressed, in [0, 1)"),
+    "threshold": (None, None, False, "a number"),
+    "compression_interval": (1, None, True, "a whole number of decoding steps, at least 1"),
+    "target_size": (1, None, True, "a whole number of KV pairs, at least 1"),
+    "hidden_states_buffer_size": (0, None, True, "a whole number of hidden states, at least 0"),
+}
+
+
+def knobs_read(press: BasePress | None) -> set[str]:
+    """The runner knobs ``press`` (a registry entry) reads; a ComposedPress reads its members'."""
+    members = press.presses if isinstance(press, ComposedPress) else [press]
+    return {knob for member in members for kind, knobs in _KNOBS_READ if isinstance(member, kind) for knob in knobs}
+
+
+def unread_knobs(name: str, given: Mapping[str, object]) -> list[str]:
+    """The runner knobs set in ``given`` that entry ``name`` does not read (none for a name the registry lacks)."""
+    if name not in PRESS_REGISTRY:
+        return []
+    read = knobs_read(PRESS_REGISTRY[name]()) | {"compression_ratio"}
+    return sorted(knob for knob in RUNNER_KNOBS & set(given) if given[knob] is not None and knob not in read)
+
+
+def check_knob_ranges(given: Mapping[str, object]) -> None:
+    """Refuse a runner knob outside its range, in one line."""
+    for knob, value in given.items():
+        if value is None or knob not in KNOB_RANGES:
+            continue
+        low, high, integer, meaning = KNOB_RANGES[knob]
+        number = isinstance(value, int | float) and not isinstance(value, bool) and (not integer or value == int(value))
+        if not number or (low is not None and value < low) or (high is not None and value >= high):
+            raise ConfigError(f"{knob}={value} is not {meaning}")
 
 
 def _required(value: float | None, knob: str, name: str, family: str) -> float:

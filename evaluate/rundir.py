@@ -1,7 +1,8 @@
 """Files of a run directory, written so that a crash at any moment loses at most the context in flight.
 
 - ``predictions.jsonl`` is appended one object per line, flushed and fsynced after each context; a torn
-  last line left by a crash is detected and cut off when the file is read back.
+  last line left by a crash is detected and cut off when the file is read back. Any other unreadable line is
+  refused with its file and line number, until ``python -m evaluate.repair`` moves it aside.
 - ``config.yaml``, ``metrics.json`` and ``run.json`` are replaced whole (write beside, then rename).
 """
 
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from evaluate.config import ConfigError
+from evaluate.errors import ConfigError
 
 PREDICTIONS = "predictions.jsonl"
 METRICS = "metrics.json"
@@ -59,18 +60,75 @@ def read_yaml(path: Path) -> dict | None:
     return yaml.safe_load(path.read_text(encoding="utf-8")) if path.exists() else None
 
 
+class DamagedPredictions(ConfigError):
+    """A predictions file with an unreadable line that is not a torn last line; nothing reads past it."""
+
+    def __init__(self, path: Path, line: int, reason: str):
+        super().__init__(
+            f"{path}:{line} is not a prediction row ({reason}); the file is left as it is. Move the damaged lines "
+            f"aside with python -m evaluate.repair {path.parent}, then rerun to answer their samples again"
+        )
+        self.path, self.line = path, line
+
+
+def _parse_row(raw: bytes) -> dict:
+    """One line of a predictions file as its row; ValueError (JSONDecodeError, UnicodeDecodeError) when damaged."""
+    row = json.loads(raw.decode("utf-8"))
+    if not isinstance(row, dict):
+        raise ValueError(f"a JSON {type(row).__name__}, not an object")
+    return row
+
+
+def _numbered_lines(data: bytes) -> tuple[list[tuple[int, bytes]], int]:
+    """The non-blank complete lines of a predictions file with their line numbers, and where the complete lines
+    end: what follows is a torn last line, a crash mid-write."""
+    complete_end = data.rfind(b"\n") + 1
+    lines = enumerate(data[:complete_end].split(b"\n")[:-1], start=1)
+    return [(number, raw) for number, raw in lines if raw.strip()], complete_end
+
+
 def read_predictions(path: Path, repair: bool = False) -> list[dict]:
-    """Rows of a predictions file. A torn last line (a crash mid-write) is dropped, and cut from the file
-    when ``repair`` is set so that appending can resume after the last complete row."""
+    """Rows of a predictions file. A torn last line (a crash mid-write) is dropped, and cut from the file when
+    ``repair`` is set so that appending can resume after the last complete row. Any other unreadable line is
+    refused with :class:`DamagedPredictions`, naming the file and line, and the file is left untouched."""
     if not path.exists():
         return []
     data = path.read_bytes()
-    complete_end = data.rfind(b"\n") + 1
-    rows = [json.loads(line) for line in data[:complete_end].decode("utf-8").splitlines() if line.strip()]
+    lines, complete_end = _numbered_lines(data)
+    rows = []
+    for number, raw in lines:
+        try:
+            rows.append(_parse_row(raw))
+        except ValueError as error:
+            raise DamagedPredictions(path, number, getattr(error, "msg", None) or str(error)) from None
     if complete_end < len(data) and repair:
         with path.open("r+b") as handle:
             handle.truncate(complete_end)
     return rows
+
+
+def move_damaged_lines(path: Path) -> tuple[int, int, Path]:
+    """Move every unreadable line of a predictions file, a torn last line too, to ``<file>.damaged``: appended there
+    as it was and fsynced before the file is rewritten with its readable rows, so a crash between the two loses
+    nothing. Returns (rows kept, lines moved, the file they went to)."""
+    aside = path.with_name(path.name + ".damaged")
+    data = path.read_bytes()
+    lines, complete_end = _numbered_lines(data)
+    rows, damaged = [], []
+    for _, raw in lines:
+        try:
+            rows.append(_parse_row(raw))
+        except ValueError:
+            damaged.append(raw + b"\n")
+    if data[complete_end:].strip():
+        damaged.append(data[complete_end:] + b"\n")
+    if damaged:
+        with aside.open("ab") as handle:
+            handle.write(b"".join(damaged))
+            handle.flush()
+            os.fsync(handle.fileno())
+        rewrite_predictions(path, rows)
+    return len(rows), len(damaged), aside
 
 
 def _jsonl(rows: Iterable[dict]) -> str:

@@ -17,6 +17,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from evaluate import rundir
+from evaluate.errors import ConfigError, refuse
 from evaluate.tables import format_task_table
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -25,7 +26,7 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 def benchmark_from_name(name: str):
     choices = sorted(path.stem for path in (CONF_DIR / "benchmark").glob("*.yaml"))
     if name not in choices:
-        raise SystemExit(f"error: unknown benchmark {name!r}; choose one of {', '.join(choices)}")
+        raise ConfigError(f"unknown benchmark {name!r}; choose one of {', '.join(choices)}")
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         cfg = compose(config_name="config", overrides=[f"benchmark={name}"])
     return instantiate(cfg.benchmark)
@@ -45,7 +46,7 @@ def score_rows(benchmark, rows: list[dict]) -> dict:
 def rescore_run(run_directory: Path) -> dict:
     record = rundir.read_yaml(run_directory / rundir.CONFIG)
     if record is None:
-        raise SystemExit(f"error: {run_directory} has no {rundir.CONFIG}; is it a run directory?")
+        raise ConfigError(f"{run_directory} has no {rundir.CONFIG}; is it a run directory?")
     benchmark = instantiate(record["config"]["benchmark"])
     metrics = score_rows(benchmark, rundir.read_predictions(run_directory / rundir.PREDICTIONS))
     rundir.write_json(run_directory / rundir.METRICS, metrics)
@@ -57,16 +58,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("path", type=Path, help="a run directory, or a predictions .jsonl file with --benchmark")
     parser.add_argument("--benchmark", help="score a bare predictions file as this benchmark (e.g. ruler)")
     args = parser.parse_args(argv)
-    if args.benchmark is not None:
-        if not args.path.is_file():
-            raise SystemExit(f"error: {args.path} is not a file")
-        metrics = score_rows(benchmark_from_name(args.benchmark), rundir.read_predictions(args.path))
-        json.dump(metrics, sys.stdout, indent=2)
-        print()
-        return
-    if not args.path.is_dir():
-        raise SystemExit(f"error: {args.path} is not a run directory; to score a file, pass --benchmark NAME")
-    metrics = rescore_run(args.path)
+    try:
+        if args.benchmark is not None:
+            if not args.path.is_file():
+                raise ConfigError(f"{args.path} is not a file")
+            metrics = score_rows(benchmark_from_name(args.benchmark), rundir.read_predictions(args.path))
+            json.dump(metrics, sys.stdout, indent=2)
+            print()
+            return
+        if not args.path.is_dir():
+            raise ConfigError(f"{args.path} is not a run directory; to score a file, pass --benchmark NAME")
+        # A damaged predictions file is refused before metrics.json is touched.
+        metrics = rescore_run(args.path)
+    except ConfigError as error:
+        refuse(error)
     print(format_task_table(metrics, title=str(args.path)))
 
 

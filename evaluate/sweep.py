@@ -9,6 +9,7 @@ of one point.
 import logging
 from collections.abc import Sequence
 from contextlib import ExitStack
+from pathlib import Path
 
 import torch
 from hydra.utils import instantiate
@@ -16,13 +17,15 @@ from omegaconf import DictConfig
 from transformers.utils import logging as transformers_logging
 
 from evaluate import rundir
-from evaluate.config import described_press, model_key, run_dir, validate
+from evaluate.config import described_press, model_key, refuse_unread_knobs, run_dir, validate
 from evaluate.decoding import decode_memory_bytes, why_not_pooled
+from evaluate.errors import ConfigError
 from evaluate.plan import Plan, make_plan
 from evaluate.pooled import answer_pooled
 from evaluate.press_traits import changes_the_model, prepare_model, why_not_shared_prefill
 from evaluate.recorder import Recorder
 from evaluate.runner import Models, answer_with_pipeline, context_budget, warn_if_unpatched
+from evaluate.schema import typed
 
 logger = logging.getLogger(__name__)
 
@@ -47,33 +50,56 @@ def run_sweep(cfgs: Sequence[DictConfig], single: bool = False) -> list[dict | N
     """
     # Our own bars track the runs; per-tensor loading bars would bury them.
     transformers_logging.disable_progress_bar()
+    cfgs = [typed(cfg) for cfg in cfgs]  # overwrite=no is false, query_aware=maybe is refused
     for cfg in cfgs:
         validate(cfg)
+        if single:
+            refuse_unread_knobs(cfg)
     directories = [run_dir(cfg) for cfg in cfgs]
     duplicates = {str(path) for path in directories if directories.count(path) > 1}
     if duplicates:
-        raise ValueError(f"the sweep runs the same configuration twice: {', '.join(sorted(duplicates))}")
+        raise ConfigError(f"the sweep runs the same configuration twice: {', '.join(sorted(duplicates))}")
     models = Models()
     metrics: dict[int, dict] = {}
     skipped: list[str] = []
-    with ExitStack() as held:
-        by_model: dict[str, list[int]] = {}
-        for index, (cfg, out) in enumerate(zip(cfgs, directories, strict=True)):
-            try:
-                held.enter_context(rundir.locked(out, wait=cfg.wait_for_locks))
-            except rundir.RunLocked as locked:
-                if single:
-                    raise
-                skipped.append(f"{out} (held by {locked.holder})")
-                continue
-            by_model.setdefault(model_key(cfg), []).append(index)
-        for indices in by_model.values():
-            recorders = _run_on_one_model([cfgs[index] for index in indices], models)
-            metrics.update(zip(indices, (recorder.close() for recorder in recorders), strict=True))
+    # For each run directory this sweep will create, the topmost folder on its path that does not exist yet.
+    created = {out: _first_missing(out) for out in directories if not out.exists()}
+    try:
+        with ExitStack() as held:
+            by_model: dict[str, list[int]] = {}
+            for index, (cfg, out) in enumerate(zip(cfgs, directories, strict=True)):
+                try:
+                    held.enter_context(rundir.locked(out, wait=cfg.wait_for_locks))
+                except rundir.RunLocked as locked:
+                    if single:
+                        raise
+                    skipped.append(f"{out} (held by {locked.holder})")
+                    continue
+                by_model.setdefault(model_key(cfg), []).append(index)
+            for indices in by_model.values():
+                recorders = _run_on_one_model([cfgs[index] for index in indices], models)
+                metrics.update(zip(indices, (recorder.close() for recorder in recorders), strict=True))
+    except ConfigError:
+        # A point refused while planning (its data is broken or changed, its predictions are damaged) leaves no
+        # folder that holds only the lock this sweep created, nor the empty folders above it.
+        for out, top in created.items():
+            if out.is_dir() and [path.name for path in out.iterdir()] == [rundir.LOCK]:
+                (out / rundir.LOCK).unlink()
+                for folder in (out, *out.parents[: len(out.parents) - len(top.parents)]):
+                    if any(folder.iterdir()):
+                        break
+                    folder.rmdir()
+        raise
     if skipped:
         print(f"{len(skipped)} of {len(cfgs)} points were left to the processes holding them; rerun to resume them:")
         print("\n".join(f"  {point}" for point in skipped))
     return [metrics.get(index) for index in range(len(cfgs))]
+
+
+def _first_missing(path: Path) -> Path:
+    while not path.parent.exists():
+        path = path.parent
+    return path
 
 
 def run(cfg: DictConfig) -> dict:

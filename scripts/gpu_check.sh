@@ -9,7 +9,7 @@
 # (default 480: every stage is time-boxed and a stage that would not fit is skipped), --smoke / --full (scaled-down
 # shapes; default --smoke on cpu, --full on cuda), --install / --no-install (install .whl/; default on cuda only),
 # --stages a,b (only these of install,env,correctness,throughput,presses,launcher,sweep,pool: a rerun on a warm
-# machine).
+# machine), --peak-tflops N / --peak-tbs N (the GPU's dense bf16 TFLOP/s and memory TB/s; default an H200's 989 / 4.8).
 # Environment: PYTHON (default .venv/bin/python if present, else python3), WHEELS_DIR (default .whl),
 # WHEELS_PYTHON_VERSION (default 3.12, the GPU machine's python).
 # Writes at most 9 files into the output folder: summary.md, log.md, correctness.csv, throughput.csv,
@@ -107,6 +107,7 @@ BUDGET=480
 SMOKE=
 INSTALL=
 STAGES=all
+PEAKS=()
 while [ $# -gt 0 ]; do
   case $1 in
     --device) DEVICE=$2; shift 2 ;;
@@ -117,6 +118,7 @@ while [ $# -gt 0 ]; do
     --install) INSTALL=1; shift ;;
     --no-install) INSTALL=0; shift ;;
     --stages) STAGES=,$2,; shift 2 ;;
+    --peak-tflops|--peak-tbs) PEAKS+=("$1" "$2"); shift 2 ;;
     -h|--help) sed -n 2,16p "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)"; exit 2 ;;
   esac
@@ -190,7 +192,7 @@ COMMON=(--device "$DEVICE" --out "$OUT_DIR" --work "$WORK" --smoke "$SMOKE")
 stage env 90 "${CHECK[@]}" env "${COMMON[@]}"
 # cuBLAS is deterministic only with a fixed workspace; the bf16 checks also turn on torch's deterministic algorithms.
 stage correctness 200 env CUBLAS_WORKSPACE_CONFIG=:4096:8 "${CHECK[@]}" correctness "${COMMON[@]}"
-stage throughput 120 "${CHECK[@]}" throughput "${COMMON[@]}"
+stage throughput 120 "${CHECK[@]}" throughput "${COMMON[@]}" "${PEAKS[@]}"
 
 if [ "$SMOKE" = 1 ]; then
   PRESS_ARGS=(--tokens 512 --warmup 1 --repeats 2 --threads 1)

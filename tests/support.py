@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from hydra import compose, initialize_config_dir
+from kvpress import SnapKVPress
 from kvpress.utils import compute_n_kept
 from omegaconf import OmegaConf
 
@@ -91,3 +92,10 @@ def with_shared_context(cfg):
     """Swap the composed benchmark for ``SharedContextBenchmark``."""
     cfg.benchmark = OmegaConf.create({"_target_": "tests.support.SharedContextBenchmark", "name": "shared_context"})
     return cfg
+
+
+class FailingScorer(SnapKVPress):
+    """SnapKV that raises when it scores: every context of a run fails (``scorer.press._target_=...``)."""
+
+    def score(self, *args, **kwargs):
+        raise RuntimeError("this scorer always fails")

@@ -1,18 +1,21 @@
 """Configuration: names, derived run names, and refusals that happen before the model loads."""
 
 import importlib.util
+import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 from hydra.errors import MissingConfigException
 
 from evaluate import rundir
 from evaluate.config import ConfigError, attention_implementation, fingerprint, method_name, run_dir, run_name
 from evaluate.models import TinyRandomModel
 from evaluate.sweep import run
-from tests.support import compose_config, with_shared_context
+from tests.support import SharedContextBenchmark, compose_config, with_shared_context
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -144,3 +147,83 @@ def test_config_yaml_records_the_attention_that_ran(tmp_path):
     cfg = with_shared_context(compose_config(tmp_path, "press=none", "limit=1"))
     run(cfg)
     assert rundir.read_yaml(run_dir(cfg) / rundir.CONFIG)["config"]["attn_implementation"] == "sdpa"
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("cr=abc", "cr=abc is not a number"),
+        ("limit=abc", "limit=abc is not a whole number or null"),
+        ("limit=2.5", "limit=2.5 is not a whole number or null"),
+        ("query_aware=maybe", "query_aware=maybe is not true or false"),
+        ("overwrite=perhaps", "overwrite=perhaps is not true or false"),
+        ("decode_memory=lots", "decode_memory=lots is not a number or null"),
+        ("decode_memory=0", "decode_memory=0 must be a positive number of GiB, or null for the default"),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_refused_in_one_line_naming_key_value_and_what_is_allowed(
+    tmp_path, model_must_not_load, override, message
+):
+    with pytest.raises(ConfigError) as error:
+        run(compose_config(tmp_path / "runs", override))
+    assert str(error.value) == message
+    assert not (tmp_path / "runs").exists()
+
+
+def test_overwrite_no_keeps_a_finished_run_as_it_is(tmp_path, capsys):
+    cfg = with_shared_context(compose_config(tmp_path, "press=topk", "limit=1"))
+    run(cfg)
+    files = {name: (run_dir(cfg) / name).read_bytes() for name in (rundir.PREDICTIONS, rundir.RUN, rundir.METRICS)}
+    capsys.readouterr()
+    run(with_shared_context(compose_config(tmp_path, "press=topk", "limit=1", "overwrite=no")))
+    assert f"{run_dir(cfg)} is already complete (2 samples); pass overwrite=true to redo it" in capsys.readouterr().out
+    assert {name: (run_dir(cfg) / name).read_bytes() for name in files} == files
+
+
+def test_data_changed_under_the_same_configuration_is_refused_not_reported_complete(tmp_path, monkeypatch):
+    cfg = with_shared_context(compose_config(tmp_path, "press=topk", "limit=1"))
+    run(cfg)
+    predictions = (run_dir(cfg) / rundir.PREDICTIONS).read_bytes()
+    load = SharedContextBenchmark.load
+
+    def edited_in_place(self, tokenizer, limit=None):  # the data file behind the same configuration, edited
+        samples = load(self, tokenizer, limit)
+        return [replace(sample, answers=["9999"]) if sample.id == "doc-0-1" else sample for sample in samples]
+
+    monkeypatch.setattr(SharedContextBenchmark, "load", edited_in_place)
+    with pytest.raises(ConfigError) as error:
+        run(with_shared_context(compose_config(tmp_path, "press=topk", "limit=1")))
+    assert str(error.value) == (
+        f"{run_dir(cfg)}: 1 of its 2 predictions answer samples that have changed since (the first, doc-0-1: its "
+        "answers); the data changed under the same name: pass overwrite=true to redo the run or output_dir=... to "
+        "keep both"
+    )
+    assert (run_dir(cfg) / rundir.PREDICTIONS).read_bytes() == predictions
+
+
+def test_an_output_dir_that_is_a_file_or_read_only_is_refused_before_anything_runs(tmp_path, monkeypatch):
+    (tmp_path / "taken").write_text("a file")
+    with pytest.raises(ConfigError) as error:
+        run(compose_config(tmp_path / "taken" / "runs"))
+    assert str(error.value) == (
+        f"output_dir={tmp_path / 'taken' / 'runs'} is not a folder ({tmp_path / 'taken'} is a file); "
+        "pass another output_dir"
+    )
+    # Root may write anywhere, as CI does; a read-only folder is what os.access reports for other users.
+    monkeypatch.setattr(os, "access", lambda path, mode, **kwargs: Path(path) != tmp_path)
+    with pytest.raises(ConfigError) as error:
+        run(compose_config(tmp_path / "runs"))
+    assert (
+        str(error.value)
+        == f"output_dir={tmp_path / 'runs'} cannot be written ({tmp_path} is read-only); pass another output_dir"
+    )
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["taken"]
+
+
+def test_device_cuda_without_a_gpu_is_refused_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError) as error:
+        run(compose_config(tmp_path, "device=cuda"))
+    assert str(error.value) == (
+        "device=cuda, but torch sees no CUDA GPU on this machine; use device=cpu or device=auto"
+    )

@@ -182,6 +182,23 @@ def test_math_find_compares_the_first_number_with_the_answer_type():
     assert first_number_match("none", ["94"]) == 0.0
 
 
+def test_a_decimal_for_an_integer_answer_scores_0_and_is_named_as_a_deviation_from_infinitebench():
+    rows = [
+        {"task": "math_find", "answers": ["94"], "prediction": "94.0"},  # InfiniteBench's int("94.0") raises here
+        {"task": "math_find", "answers": ["94"], "prediction": "The answer is 94."},
+        {"task": "math_find", "answers": ["3.5"], "prediction": "3.50"},  # a decimal answer: compared as floats
+    ]
+    math_find = score_predictions(rows, scoring="infinitebench")["tasks"]["math_find"]
+    assert math_find == {
+        "score": 66.67,
+        "n": 3,
+        "metric": "first_number_match",
+        "note": "1 of 3 predictions give a decimal for an integer answer (e.g. 94.0 for 94): InfiniteBench's "
+        "compute_scores raises ValueError on them, here they score 0",
+    }
+    assert "note" not in score_predictions(rows[1:], scoring="infinitebench")["tasks"]["math_find"]
+
+
 def test_math_calc_counts_the_values_right_before_the_first_miss():
     assert prefix_match("1, 4, 8, 6", ["1", "4", "8", "6"]) == 1.0
     assert prefix_match("[1, 4, 9, 6]", ["1", "4", "8", "6"]) == 0.5

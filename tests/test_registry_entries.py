@@ -20,7 +20,7 @@ from evaluate.config import ConfigError, method_name, result_config, run_dir
 from evaluate.leaderboard import leaderboard_method
 from evaluate.models import TinyRandomModel
 from evaluate.press_traits import downloads, kvpress_defect, needs_eager, needs_query_aware
-from evaluate.registry import PRESS_REGISTRY, build
+from evaluate.registry import PRESS_REGISTRY, build, knobs_read
 from evaluate.results.runs import collect_runs
 from evaluate.sweep import run, run_sweep
 from tests.kvpress_reference import UNEVEN_LAYERS, kvpress_predictions, ruler_rows, set_runner_knobs
@@ -63,7 +63,9 @@ def knobs(name: str) -> dict:
     if isinstance(PRESS_REGISTRY[name](), DecodingPress):
         return KNOBS.get(name, DECODING_KNOBS)
     # DMS and DuoAttention entries are refused offline, but a run must still name their knob to get that far.
-    return KNOBS.get(name, {"threshold": 0.5, "head_compression_ratio": 0.5} if name in REFUSED else {})
+    required = {"threshold": 0.5, "head_compression_ratio": 0.5}
+    read = knobs_read(PRESS_REGISTRY[name]())
+    return KNOBS.get(name, {knob: value for knob, value in required.items() if knob in read} if name in REFUSED else {})
 
 
 def query_aware(name: str) -> bool:
@@ -142,9 +144,41 @@ def test_a_missing_runner_knob_is_refused_in_one_line(tmp_path, name, knob):
 def test_runner_knobs_belong_to_registry_entries_and_split_runs_only_when_set(tmp_path):
     with pytest.raises(ConfigError, match="key_channel_compression_ratio set the knobs.*use method=<entry>"):
         run(compose_config(tmp_path, "press=topk", "key_channel_compression_ratio=0.5"))
-    unset, set_ = compose_config(tmp_path, "method=knorm"), compose_config(tmp_path, "method=knorm", "target_size=8")
+    unset = compose_config(tmp_path, "method=decoding_knorm")
+    set_ = compose_config(tmp_path, "method=decoding_knorm", "target_size=8")
     assert run_dir(unset) != run_dir(set_)
     assert "target_size" not in result_config(unset) and result_config(set_)["target_size"] == 8
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ("method=knorm", "key_channel_compression_ratio=0.5"),
+            "method=knorm does not read key_channel_compression_ratio=0.5; drop it (it would only duplicate the run "
+            "without it)",
+        ),
+        (
+            ("method=think", "key_channel_compression_ratio=1.5"),
+            "key_channel_compression_ratio=1.5 is not the fraction of key channels removed, in [0, 1)",
+        ),
+        (
+            ("method=decoding_knorm", "compression_interval=0"),
+            "compression_interval=0 is not a whole number of decoding steps, at least 1",
+        ),
+        (("method=decoding_knorm", "target_size=-3"), "target_size=-3 is not a whole number of KV pairs, at least 1"),
+        (("method=decoding_knorm", "target_size=2.5"), "target_size=2.5 is not a whole number or null"),
+        (("method=duo_attention", "head_compression_ratio=1.0"), "head_compression_ratio=1.0 is not the fraction of "
+         "heads compressed, in [0, 1)"),
+    ],
+)  # fmt: skip
+def test_a_knob_the_entry_does_not_read_or_out_of_its_range_is_refused_before_anything_is_written(
+    tmp_path, overrides, message
+):
+    with pytest.raises(ConfigError) as error:
+        run(compose_config(tmp_path / "runs", *overrides))
+    assert str(error.value) == message
+    assert not (tmp_path / "runs").exists()
 
 
 def test_decoding_presses_keep_their_defaults_where_no_knob_is_given():

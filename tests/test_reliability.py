@@ -3,6 +3,7 @@
 import json
 import os
 import random
+import shlex
 import signal
 import subprocess
 import sys
@@ -12,12 +13,14 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from kvpress import KnormPress
 
 from evaluate import rundir
 from evaluate.benchmarks import Sample
 from evaluate.config import ConfigError, run_dir
 from evaluate.models import TinyRandomModel
 from evaluate.plan import check_samples, select_fraction, truncate
+from evaluate.summary import sweep_summary
 from evaluate.sweep import run, run_sweep
 from tests.support import SharedContextBenchmark, compose_config, with_shared_context
 
@@ -357,3 +360,126 @@ def test_an_architecture_kvpress_does_not_patch_is_warned_about(caplog):
 
     warn_if_unpatched(object())
     assert "not an architecture kvpress patches" in caplog.text
+
+
+SHARED_CONTEXT_CLI = (
+    "model=tiny_random",
+    "limit=null",
+    "~benchmark",
+    "+benchmark._target_=tests.support.SharedContextBenchmark",
+    "+benchmark.name=shared_context",
+)
+
+
+def evaluate_cli(*arguments: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "evaluate", *arguments, "device=cpu"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_press_and_method_together_are_refused_in_one_line_before_anything_runs(tmp_path):
+    for sweep in ([], ["-m"]):
+        result = evaluate_cli(*sweep, "press=chunkkv", "method=knorm", f"output_dir={tmp_path}", *SHARED_CONTEXT_CLI)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.strip().splitlines()[-1] == (
+            "error: press=chunkkv and method=knorm both choose the press; give one: method=knorm runs kvpress's "
+            "registry entry, press=chunkkv the press of conf/press/chunkkv.yaml"
+        )
+        assert "Traceback" not in result.stderr
+    assert [path.name for path in tmp_path.iterdir()] == ["multirun"]  # Hydra's record of the sweep, no run
+
+
+def test_a_run_whose_every_sample_failed_exits_non_zero_and_says_why(tmp_path):
+    result = evaluate_cli(
+        "press=topk", "scorer.press._target_=tests.support.FailingScorer", f"output_dir={tmp_path}", *SHARED_CONTEXT_CLI
+    )
+    assert result.returncode == 1
+    assert (
+        "9 of 9 samples failed and count as wrong answers; the first: RuntimeError: this scorer always fails "
+        "(rerun with retry_errors=true to answer them again)"
+    ) in result.stdout.splitlines()
+    (out,) = tmp_path.iterdir()
+    assert rundir.read_json(out / rundir.RUN)["status"] == "complete_with_errors"
+
+
+def test_a_sweep_ends_with_its_method_by_cr_table_and_lists_its_failed_points(tmp_path, monkeypatch):
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("knorm is broken")
+
+    monkeypatch.setattr(KnormPress, "score", broken)
+    points = [(scorer, cr) for scorer in ("snapkv", "knorm") for cr in ("0.25", "0.5")]
+    cfgs = [
+        with_shared_context(compose_config(tmp_path, "press=topk", f"scorer={scorer}", f"cr={cr}", "limit=null"))
+        for scorer, cr in points
+    ]
+    metrics = run_sweep(cfgs)
+    lines = sweep_summary(cfgs, metrics).splitlines()
+    assert lines[0] == "sweep of 4 points, score by method and cr:"
+    assert lines[1].split() == ["cr", "0.25", "0.50"]
+    assert lines[2].split() == ["method"]
+    assert lines[3].split() == ["knorm", "0.0", "0.0"]
+    assert lines[4].split() == ["snapkv", str(metrics[0]["score"]), str(metrics[1]["score"])]
+    assert lines[5] == "2 points had failed samples (rerun with retry_errors=true to answer them again):"
+    assert lines[6:] == [
+        f"  {run_dir(cfg)}: 9 of 9 samples failed; the first: RuntimeError: knorm is broken" for cfg in cfgs[2:]
+    ]
+
+
+def test_ctrl_c_ends_in_one_line_with_what_was_kept_and_the_command_that_resumes(tmp_path):
+    process = cli(tmp_path, *KILL_RUN)
+    predictions = run_dir(compose_config(tmp_path, *KILL_RUN)) / rundir.PREDICTIONS
+    while count_lines(predictions) == 0 and process.poll() is None:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    kept = len(rundir.read_predictions(predictions))
+    assert 0 < kept < 36
+    command = shlex.join(["python", "-m", "evaluate", f"output_dir={tmp_path}", "device=cpu", *KILL_RUN])
+    assert stderr.strip().splitlines()[-1] == (
+        f"interrupted: {kept} samples kept in {predictions.parent}; rerun to resume: {command}"
+    )
+    assert rundir.read_json(predictions.parent / rundir.RUN)["status"] == "interrupted"
+
+
+def test_a_run_refused_while_planning_leaves_no_folder_holding_only_its_lock(tmp_path):
+    cfg = with_shared_context(compose_config(tmp_path, "press=topk", "scorer.press.window_size=100000"))
+    with pytest.raises(ConfigError, match="scorer snapkv needs contexts longer than 100000 tokens"):
+        run(cfg)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "overrides, line",
+    [
+        (
+            ["benchmark.tasks=[niah_single_1,niah_typo]"],
+            "error: unknown ruler_synth task(s) niah_typo; valid tasks: niah_single_1, niah_single_2, niah_single_3, "
+            "niah_multikey_1, niah_multikey_2, niah_multikey_3, niah_multivalue, niah_multiquery, vt, cwe, fwe, qa_1, "
+            "qa_2",
+        ),
+        (
+            ["benchmark.max_seq_length=10"],
+            "error: niah: no prompt fits in max_seq_length=10 even with the smallest haystack (5); raise "
+            "benchmark.max_seq_length",
+        ),
+        (
+            [],  # the default benchmark, whose vt example does not fit the tiny model's tokenizer
+            "error: vt: RULER's in-context example does not fit in its fixed 500-token budget with this tokenizer, "
+            "even with the smallest haystack; leave vt out of benchmark.tasks for this model",
+        ),
+    ],
+    ids=["task-typo", "max-seq-length-10", "vt-does-not-fit"],
+)
+def test_benchmark_data_that_cannot_be_generated_is_refused_in_one_line_leaving_no_folder(tmp_path, overrides, line):
+    out = tmp_path / "runs"
+    result = evaluate_cli("model=tiny_random", f"output_dir={out}", *overrides)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == line
+    assert "Traceback" not in result.stderr
+    assert not out.exists()  # neither the run's folder with its lock nor the output_dir above it

@@ -12,6 +12,7 @@ from typing import ClassVar
 
 import numpy as np
 import pytest
+import yaml
 
 from evaluate.benchmarks import Source
 from evaluate.benchmarks.longbench import LongBench
@@ -20,9 +21,11 @@ from evaluate.benchmarks.ruler import TASKS as RULER_TASKS
 from evaluate.benchmarks.ruler import Ruler
 from evaluate.benchmarks.ruler_synth import RulerSynth
 from evaluate.bootstrap import Decomposition, difference_interval, headline_interval
+from evaluate.plots import plot_benchmark
 from evaluate.report import main
 from evaluate.results.compare import load_references
 from evaluate.results.differences import Effect, diff_table, load_effects
+from evaluate.results.frame import runs_frame
 from evaluate.results.report import build_report
 from evaluate.results.runs import collect_runs
 from tests.fixtures.runs.builder import LLAMA, ruler_benchmark, uniform, write_run
@@ -84,6 +87,21 @@ def test_partial_reasons_name_limit_missing_tasks_and_local_data(tmp_path):
     assert reasons[0.5] == ["12 of 13 tasks (missing qa_2)"]
     assert reasons[0.25] == ["local data benchmark.path=/data/ruler, not the hub dataset simonjegou/ruler"]
     assert reasons[0.75] == []
+
+
+def test_a_variant_names_each_differing_setting_once_though_the_config_holds_it_under_several_keys(tmp_path):
+    root = tmp_path / "runs"
+    for seed, window_size in ((1, 32), (2, 64)):
+        out = write_run(root, uniform([True]), method="snapkv", cr=0.5, seed=seed)
+        record = yaml.safe_load((out / "config.yaml").read_text())
+        # As conf/press/topk.yaml and conf/scorer/snapkv.yaml resolve: press is ${scorer.press}, and the scorer's
+        # min_context is ${.press.window_size}.
+        record["config"]["scorer"]["press"]["window_size"] = window_size
+        record["config"]["scorer"]["min_context"] = window_size
+        record["config"]["press"]["window_size"] = window_size
+        (out / "config.yaml").write_text(yaml.safe_dump(record, sort_keys=False))
+    runs, _ = collect_runs(root)
+    assert sorted(run.variant for run in runs) == ["press.window_size=32, seed=1", "press.window_size=64, seed=2"]
 
 
 def test_per_task_table_lists_every_task_with_its_n_then_the_headline(runs_dir):
@@ -422,6 +440,16 @@ def test_report_command_writes_tables_and_readable_plots(runs_dir, tmp_path, cap
     assert width >= 1000 and height >= 600
     width, height = png_size(plots / "ruler_tasks.png")
     assert width >= 1200 and height >= 1000  # 13 task panels, 4 per row
+
+
+def test_a_long_legend_label_widens_the_plot_instead_of_being_cut_off(tmp_path):
+    widths = []
+    for method in ("snapkv", "a_press_whose_name_runs_far_beyond_the_legend_margin_of_the_figure_snapkv"):
+        root = tmp_path / method
+        write_run(root, uniform([True]), method=method, cr=0.5)
+        frame = runs_frame(collect_runs(root)[0])
+        widths.append(png_size(plot_benchmark("ruler", frame, tmp_path / f"{method}.png"))[0])
+    assert widths[1] > widths[0]  # the canvas grew to hold the whole label
 
 
 def test_report_without_finished_runs_says_why(tmp_path):

@@ -1,5 +1,7 @@
 """One model load and one prefill per context for a whole sweep: equal, point by point, to separate runs."""
 
+import time
+
 import pytest
 import torch
 from hydra.utils import instantiate
@@ -98,6 +100,17 @@ def test_points_that_cannot_share_take_the_pipeline_path(tmp_path):
         ]
     )
     assert all(sum(task["n"] for task in m["tasks"].values()) == 9 for m in metrics)
+
+
+def test_each_points_wall_seconds_is_its_own_share_of_the_sweep(tmp_path):
+    points = configs(tmp_path)[:6]
+    started = time.perf_counter()
+    run_sweep(points)
+    elapsed = time.perf_counter() - started
+    shares = [rundir.read_json(run_dir(cfg) / rundir.RUN)["wall_seconds"] for cfg in points]
+    assert all(share > 0 for share in shares)
+    # Had each point recorded the sweep's whole time, their sum would be about 6 times the sweep's.
+    assert sum(shares) <= elapsed
 
 
 def test_a_sweep_resumes_each_point_where_it_stopped(tmp_path):

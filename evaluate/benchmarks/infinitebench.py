@@ -24,7 +24,9 @@ first row), so each task is scored on its own rows; with the labels read as Infi
   ``correct option is:`` (in this order) that occurs does. A one-element label is the letter alone (the hub's rows
   hold no function name); a two-element one is InfiniteBench's ``[function name, letter]``.
 - math_find: the first number (``\\d+\\.\\d+|\\d+``) of the prediction equals the answer, compared as an int when
-  the answer is an integer (a decimal there scores 0), else as a float.
+  the answer is an integer, else as a float. **Deviation:** a decimal first number for an integer answer (``94.0``
+  for 94) scores 0 here, where InfiniteBench's ``compute_scores.py`` raises ValueError (``int("94.0")``) and scores
+  nothing; the task's ``note`` counts such rows.
 - math_calc: the number of leading ASCII-digit runs of the prediction, as ints, equal to the answer's values read
   as ints, in order (up to the first mismatch), divided by the number of values.
 - longdialogue_qa_eng: 1 when an answer, upper-cased, is a substring of the upper-cased stripped prediction.
@@ -211,6 +213,12 @@ def first_number_match(prediction: str, answers: list[str]) -> float:
     return float(float(found.group()) == label)
 
 
+def decimal_for_integer(prediction: str, answers: list[str]) -> bool:
+    """Whether math_find's first number is a decimal for an integer answer, on which InfiniteBench raises."""
+    found = _NUMBER.search(prediction)
+    return found is not None and "." in found.group() and isinstance(_number(answers[0]), int)
+
+
 def prefix_match(prediction: str, answers: list[str]) -> float:
     """The share of the expected values that the prediction's numbers reproduce, in order, before a first miss."""
     predicted = [int(digits) for digits in _DIGITS.findall(prediction)]
@@ -347,7 +355,15 @@ def _task_metrics(task: str, rows: list[dict], scoring: str) -> dict:
         values = [sample_score(task, row.get("prediction"), row["answers"], scoring) for row in rows]
     except KvpressRaises as raised:
         return {"score": None, "n": len(rows), "metric": metric, "note": kvpress_fails(raised.error)}
-    return {"score": round(100 * sum(values) / len(values), 2), "n": len(rows), "metric": metric}
+    metrics = {"score": round(100 * sum(values) / len(values), 2), "n": len(rows), "metric": metric}
+    if scoring == "infinitebench" and task == "math_find":
+        decimals = sum(decimal_for_integer(row.get("prediction") or "", row["answers"]) for row in rows)
+        if decimals:
+            metrics["note"] = (
+                f"{decimals} of {len(rows)} predictions give a decimal for an integer answer (e.g. 94.0 for 94): "
+                "InfiniteBench's compute_scores raises ValueError on them, here they score 0"
+            )
+    return metrics
 
 
 def score_predictions(rows: Iterable[dict], benchmark: str = "infinitebench", scoring: str = "kvpress") -> dict:

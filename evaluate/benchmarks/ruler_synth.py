@@ -66,6 +66,7 @@ from tqdm import tqdm
 
 from evaluate.benchmarks import Benchmark, Sample
 from evaluate.benchmarks.ruler import TASKS
+from evaluate.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -404,9 +405,9 @@ class _Family:
             else:
                 redraws += 1
                 if redraws > _MAX_REDRAWS_AT_MIN_SIZE:
-                    raise ValueError(
+                    raise ConfigError(
                         f"{self.family}: no prompt fits in max_seq_length={self.max_seq_length} "
-                        f"even with the smallest haystack ({used})"
+                        f"even with the smallest haystack ({used}); raise benchmark.max_seq_length"
                     )
 
     def _fit_each(
@@ -565,9 +566,9 @@ class _VariableTracking(_Family):
             else:
                 redraws += 1
                 if redraws > _MAX_REDRAWS_AT_MIN_SIZE:
-                    raise ValueError(
+                    raise ConfigError(
                         "vt: RULER's in-context example does not fit in its fixed 500-token budget with this "
-                        "tokenizer, even with the smallest haystack"
+                        "tokenizer, even with the smallest haystack; leave vt out of benchmark.tasks for this model"
                     )
 
     def _randomize_icl(self, example: str) -> str:
@@ -612,9 +613,9 @@ class _CommonWords(_Family):
     def _word_list(self, num_words: int, common_repeats: int, uncommon_repeats: int) -> tuple[str, list[str]]:
         if num_words > len(self.pool):
             # RULER would switch to its english_words.json list here, which this module does not ship.
-            raise ValueError(
+            raise ConfigError(
                 f"cwe needs {num_words} distinct words but the wonderwords pool has {len(self.pool)}; "
-                "RULER's english_words.json fallback is not available (max_seq_length too large)"
+                "RULER's english_words.json fallback is not available: lower benchmark.max_seq_length"
             )
         words = self.rng.sample(self.pool, num_words)
         common, uncommon = words[: self.num_cw], words[self.num_cw :]
@@ -666,7 +667,7 @@ class _FrequentWords(_Family):
         self.vocab_size = self.budget // 50
         self.step = self.budget // 32
         if self.vocab_size < 4 or self.step < 1:
-            raise ValueError(f"fwe: max_seq_length={self.max_seq_length} is too small")
+            raise ConfigError(f"fwe: max_seq_length={self.max_seq_length} is too small; raise benchmark.max_seq_length")
 
     def _vocabulary(self) -> list[str]:
         def coded_word() -> str:
@@ -703,7 +704,9 @@ class _FrequentWords(_Family):
             while self.count(prompt) > self.budget:
                 used -= self.step
                 if used <= 0:
-                    raise ValueError(f"fwe: no prompt fits in max_seq_length={self.max_seq_length}")
+                    raise ConfigError(
+                        f"fwe: no prompt fits in max_seq_length={self.max_seq_length}; raise benchmark.max_seq_length"
+                    )
                 prompt, answers = self._text(vocabulary, used)
             yield prompt, answers
 
@@ -716,7 +719,7 @@ class _QA(_Family):
         super().__init__(*a, **kw)
         self.questions, self.documents = _QA_READERS[self.args["dataset"]](Path(self.args["path"]))
         if not self.questions:
-            raise ValueError(f"qa: {self.args['path']} has no usable question")
+            raise ConfigError(f"qa: {self.args['path']} has no usable question; point the qa task at another file")
 
     def build(self, index: int, num_docs: int) -> tuple[str, list[str]]:
         question = self.questions[index]
@@ -766,7 +769,7 @@ _FAMILIES: dict[str, type[_Family]] = {
 def _check_tasks(tasks: Sequence[str]) -> None:
     unknown = [task for task in tasks if task not in TASKS]
     if unknown:
-        raise ValueError(f"unknown ruler_synth task(s) {unknown}; valid tasks: {', '.join(TASKS)}")
+        raise ConfigError(f"unknown ruler_synth task(s) {', '.join(unknown)}; valid tasks: {', '.join(TASKS)}")
 
 
 def split_prompt(task: str, prompt: str) -> tuple[str, str, str]:
@@ -798,7 +801,7 @@ def generate_task(
     """
     _check_tasks([task])
     if num_samples < 0:
-        raise ValueError(f"num_samples must be >= 0, got {num_samples}")
+        raise ConfigError(f"benchmark.num_samples={num_samples} must be at least 0")
     if num_samples == 0:
         return []
     config = _task_configs()[task]

@@ -27,6 +27,7 @@ from typing import ClassVar
 from evaluate import rundir
 from evaluate.benchmarks import Benchmark, Sample, Source
 from evaluate.benchmarks.sources import first_rows_per_task, kvpress_sample, require_columns, split_rows
+from evaluate.errors import ConfigError, refuse
 
 # kvpress's tasks, in the order of its create_huggingface_dataset.py.
 TASKS: tuple[str, ...] = (
@@ -141,8 +142,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     predictions = args.run_dir / rundir.PREDICTIONS
     if not predictions.is_file():
-        raise SystemExit(f"error: {predictions} does not exist; pass a zero_scrolls run directory")
-    rows = rundir.read_predictions(predictions)
+        refuse(ConfigError(f"{predictions} does not exist; pass a zero_scrolls run directory"))
+    try:
+        rows = rundir.read_predictions(predictions)
+    except rundir.DamagedPredictions as error:
+        refuse(error)
     out = args.out or args.run_dir / SUBMISSION_FILE
     rundir.write_atomic(out, submission_csv(rows))
     tasks = Counter(row["task"] for row in rows)

@@ -28,6 +28,7 @@ _INTERVAL = {"ci_low": float, "ci_high": float, "contexts": "Int64", "shared_sam
 _INTERVAL |= {"different_samples": bool, "interval_note": str}
 _CELLS = "Cells: a − b [paired bootstrap 95% interval] n=samples both runs answered. "
 _CELLS += "An interval that contains 0 means the difference is within the noise."
+_CELLS_WITHOUT_INTERVALS = "Cells: a − b n=samples both runs answered; no intervals (--bootstrap 0)."
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ def difference_table(name: str, title: str, pairs: pd.DataFrame, row_header: str
     label = rows.row + rows.query_aware.map(QUERY_AWARE)
     md = pd.DataFrame({"benchmark": rows.benchmark, **models, row_header: label})
     md[[fmt_cr(cr) for cr in grid.columns]] = grid.fillna("").to_numpy()
-    notes = [_CELLS, *interval_notes(pairs)]
+    notes = [_CELLS if pairs.ci_low.notna().any() else _CELLS_WITHOUT_INTERVALS, *interval_notes(pairs)]
     if pairs.different_samples.any():
         notes.append("† the two runs answered different samples; the interval covers the samples both answered.")
     if pairs.partial.any():

@@ -94,7 +94,9 @@ def collect_runs(runs_dir: Path) -> tuple[list[RunResult], list[tuple[Path, str]
                 benchmark = instantiate(record.get("config", {}).get("benchmark", {}))
             except Exception as error:  # a benchmark this code base no longer builds: the run cannot be judged
                 raise ReportError(f"cannot rebuild its benchmark from {rundir.CONFIG}: {error}") from error
-            runs.append(RunResult(path, record, metrics, run, benchmark))
+            result = RunResult(path, record, metrics, run, benchmark)
+            _ = result.rows  # read now: a run whose predictions are damaged is skipped here, naming the line
+            runs.append(result)
         except (ReportError, ValueError) as error:
             skipped.append((path, str(error)))
     runs, duplicates = _assign_variants(runs)
@@ -112,9 +114,14 @@ def _assign_variants(runs: list[RunResult]) -> tuple[list[RunResult], list[tuple
     flats = [{k: v for k, v in flatten(run.config).items() if _tells_apart(k)} for run in runs]
     # Each setting as JSON, a missing one as null; a setting differs when its runs of one method hold several values.
     settings = pd.DataFrame([{key: json.dumps(value, sort_keys=True) for key, value in flat.items()} for flat in flats])
-    differs = settings.fillna("null").groupby(pd.Series([run.row_key for run in runs])).transform("nunique") > 1
-    for run, flat, (_, differing) in zip(runs, flats, differs.iterrows(), strict=True):
-        run.variant = ", ".join(f"{key}={json.dumps(flat.get(key))}" for key in sorted(differing.index[differing]))
+    settings = settings.fillna("null")
+    for _, members in settings.groupby(pd.Series([run.row_key for run in runs]), sort=False):
+        differing = sorted((key for key in members.columns if members[key].nunique() > 1), key=lambda k: (len(k), k))
+        # One setting can sit under several keys (press: ${scorer.press}, min_context: ${.press.window_size}); keys
+        # whose values go together in every run of the method name it once, by the shortest of them.
+        named = sorted(members[differing].T.drop_duplicates().index)
+        for position in members.index:
+            runs[position].variant = ", ".join(f"{key}={json.dumps(flats[position].get(key))}" for key in named)
     kept: dict[tuple, RunResult] = {}
     duplicates = []
     for run in runs:

@@ -116,7 +116,9 @@ class GpusLauncher(Launcher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         # The harness (torch, kvpress) is imported only when a sweep runs: Hydra imports plugins for every command.
-        from evaluate.config import model_key
+        from evaluate.config import model_key, validate, validate_choices
+        from evaluate.errors import ConfigError, refuse
+        from evaluate.schema import typed
 
         setup_globals()
         assert self.config is not None and self.hydra_context is not None
@@ -132,6 +134,12 @@ class GpusLauncher(Launcher):
             f"{len(used)} GPUs ({', '.join(used)})" if devices else "the CPU (no GPU visible)",
         )
         jobs = [self._compose(initial_job_idx + offset, overrides) for offset, overrides in enumerate(job_overrides)]
+        try:  # every point checked before any worker starts: one bad point refuses the sweep in one line
+            for job in jobs:
+                validate_choices(job.sweep_config.hydra.runtime.choices)
+                validate(typed(OmegaConf.create(job.resolved)))
+        except ConfigError as error:
+            refuse(error)
         # The sweep's own grouping: jobs of one model key load it once on their worker.
         shares = partition([model_key(job.task_config) for job in jobs], max(1, len(devices)))
         with tempfile.TemporaryDirectory(prefix="pressbench-gpus-") as scratch:

@@ -7,6 +7,7 @@ prefills each context once for all the points that can share it.
 
 import logging
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +40,9 @@ class SharedPrefillLauncher(Launcher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         # The harness, imported only when a sweep actually runs.
+        from evaluate.config import validate_choices
         from evaluate.errors import ConfigError, refuse
+        from evaluate.summary import interrupted_summary, sweep_summary
         from evaluate.sweep import run_sweep
 
         setup_globals()
@@ -61,10 +64,16 @@ class SharedPrefillLauncher(Launcher):
             # Jobs read the sweep's Hydra settings (e.g. the wandb group is the sweep folder) as they would per job.
             HydraConfig.instance().set_config(sweep_configs[0])
         try:
+            for sweep_config in sweep_configs:
+                validate_choices(sweep_config.hydra.runtime.choices)
             metrics = run_sweep(task_configs)
         except ConfigError as error:
             # Every point is checked before any runs: one bad point refuses the sweep in one line, as a single run.
             refuse(error)
+        except KeyboardInterrupt:  # Ctrl-C: what the sweep kept and how to resume it, not a traceback
+            print(interrupted_summary(task_configs), file=sys.stderr)
+            sys.exit(130)
+        print(sweep_summary(task_configs, metrics))
         return [
             JobReturn(
                 overrides=list(overrides),
