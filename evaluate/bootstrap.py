@@ -164,10 +164,10 @@ def _resampled_task_means(
     return [total / len(per_task) for total in totals]
 
 
-def _percentiles(values: np.ndarray, level: float) -> tuple[float, float]:
+def _percentiles(values: np.ndarray, level: float, digits: int = 2) -> tuple[float, float]:
     tail = 100 * (1 - level) / 2
     low, high = np.percentile(values, [tail, 100 - tail])
-    return round(float(low), 2), round(float(high), 2)
+    return round(float(low), digits), round(float(high), digits)
 
 
 def _slow_resamples(
@@ -215,6 +215,24 @@ def headline_interval(
     if len(values) == 0:
         return None
     return Interval(*_percentiles(values, level), resamples=len(values), decomposed=False, contexts=contexts)
+
+
+def mean_interval(
+    rows: Sequence[dict], values: Sequence[float], resamples: int = 1000, seed: int = 0, level: float = 0.95
+) -> Interval:
+    """Bootstrap interval of the unweighted mean over tasks of each task's mean of ``values`` (one per row), drawn as
+    the headline's: contexts resampled within each task. For per-sample quantities that need no benchmark to score
+    (the likelihood fields); rounded to 4 decimals, as they are far below 1. Raises NoInterval when a task has a
+    single context."""
+    grouped = _clusters(rows)
+    contexts = _require_spread(grouped)
+    per_task = []
+    for clusters in grouped.values():
+        ids = sorted(clusters)
+        sums = np.array([sum(values[i] for i in clusters[c]) for c in ids])
+        per_task.append(((sums, np.array([len(clusters[c]) for c in ids], dtype=float)),))
+    (means,) = _resampled_task_means(per_task, np.random.default_rng(seed), resamples)
+    return Interval(*_percentiles(means, level, digits=4), resamples=resamples, decomposed=True, contexts=contexts)
 
 
 @dataclass(frozen=True)

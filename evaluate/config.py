@@ -27,6 +27,7 @@ from evaluate.press_traits import (
     needs_eager,
     needs_non_eager,
     needs_query_aware,
+    why_not_teacher_forced,
 )
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,8 @@ NON_RESULT_KEYS = (
     "decode_batch_size",
     "decode_memory",
     "wait_for_locks",
+    # Adds the likelihood fields beside each prediction; the predictions are the same either way.
+    "likelihood",
     # Which tables the report draws (an experiment preset's report: entry), not what a run computes.
     "report",
 )
@@ -181,11 +184,18 @@ def validate(cfg: DictConfig) -> None:
     elif cfg.press.press is not None and any(value is not None for value in knobs.values()):
         stray = ", ".join(knob for knob, value in knobs.items() if value is not None)
         raise ConfigError(f"{stray} set the knobs of kvpress's registry entries; use method=<entry>")
+    if not cfg.generate and not cfg.likelihood:
+        raise ConfigError("generate=false with likelihood=false measures nothing; drop one of them")
     if not compresses(cfg) and cfg.cr > 0:
         logger.warning("press=none compresses nothing: cr=%s is ignored and the run is recorded at cr=0", cfg.cr)
     if not compresses(cfg):
         return
     press = described_press(cfg)
+    why_not = why_not_teacher_forced(press)
+    if why_not and not cfg.generate:
+        raise ConfigError(f"generate=false needs the likelihood fields, and {method_name(cfg)} has none: {why_not}")
+    if why_not and cfg.likelihood:
+        logger.warning("%s gets no likelihood fields: %s", method_name(cfg), why_not)
     validate_press(cfg, press, method_name(cfg))
     if needs_non_eager(press) and attention_implementation(cfg) == "eager":
         raise ConfigError(
@@ -254,6 +264,8 @@ def result_config(cfg: DictConfig) -> dict:
     for knob in registry.RUNNER_KNOBS:
         if resolved.get(knob) is None:
             resolved.pop(knob, None)  # unset knobs do not split runs, nor move the runs recorded before they existed
+    if resolved.get("generate", True):
+        resolved.pop("generate", None)  # generating runs keep the fingerprints they had before generate=false existed
     if uses_registry_entry(cfg):
         # A knob the entry does not read (a sweep's key_channel_compression_ratio on its knorm point) changes nothing.
         for knob in registry.unread_knobs(cfg.press.method, resolved):

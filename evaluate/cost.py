@@ -18,6 +18,7 @@ class Cost:
     prefill_seconds: float = 0.0
     compress_seconds: float = 0.0
     decode_seconds: float = 0.0
+    likelihood_seconds: float = 0.0  # the teacher-forced passes of the likelihood fields (evaluate/likelihood.py)
     generated_tokens: int = 0
     forward_passes: float = 0.0
     kv_bytes_held: int = 0
@@ -25,7 +26,7 @@ class Cost:
 
     @property
     def seconds(self) -> float:
-        return self.prefill_seconds + self.compress_seconds + self.decode_seconds
+        return self.prefill_seconds + self.compress_seconds + self.decode_seconds + self.likelihood_seconds
 
     def __add__(self, other: "Cost") -> "Cost":
         return Cost(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})

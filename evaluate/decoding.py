@@ -54,6 +54,10 @@ class DecodeRequest:
     ``context_length`` is the uncompressed context's length: the question's positions follow it, as in kvpress's
     pipeline, whatever the press removed. ``hidden`` holds, per layer, the (head, position) pairs AdaKV masks in
     the cache (None where nothing is masked). ``on_answer`` receives the greedy tokens and the row's cost.
+
+    With ``answer_ids`` the row is teacher-forced instead (evaluate/likelihood.py): the answer follows the question
+    in the row's one forward pass, and ``on_answer`` receives the float32 log-probabilities ([answer tokens,
+    vocabulary]) of the tokens at the answer's positions; the row then leaves, having generated nothing.
     """
 
     cache: DynamicCache
@@ -62,6 +66,14 @@ class DecodeRequest:
     max_new_tokens: int
     on_answer: Callable[[list[int], RowCost], None]
     hidden: tuple[tuple[torch.Tensor, torch.Tensor] | None, ...] = ()
+    answer_ids: torch.Tensor | None = None
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        """The row's first forward pass: its question, then the teacher-forced answer if any."""
+        if self.answer_ids is None:
+            return self.question_ids
+        return torch.cat([self.question_ids, self.answer_ids.to(self.question_ids.device)], dim=-1)
 
     @property
     def nbytes(self) -> int:
@@ -69,9 +81,10 @@ class DecodeRequest:
 
     def slot_length(self) -> int:
         """Positions a slot needs for this row: its longest layer, its question and its whole answer."""
-        return (
-            max(layer.keys.shape[2] for layer in self.cache.layers) + self.question_ids.shape[1] + self.max_new_tokens
-        )
+        # A teacher-forced row generates nothing, but keeps one spare position: the slot's last one, which padding
+        # columns write into (SlotCache.update).
+        answer = self.max_new_tokens if self.answer_ids is None else 1
+        return max(layer.keys.shape[2] for layer in self.cache.layers) + self.input_ids.shape[1] + answer
 
 
 def hidden_keys(attention_modules) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, ...]:
@@ -365,20 +378,30 @@ class DecodingPool:
     def _ask_questions(self, slots: list[int]) -> None:
         rows = [self.rows[slot] for slot in slots]
         device = self.model.device
-        lengths = [row.request.question_ids.shape[1] for row in rows]
+        lengths = [row.request.input_ids.shape[1] for row in rows]
         width = max(lengths)
         input_ids = torch.zeros(len(rows), width, dtype=torch.long, device=device)
         position_ids = torch.zeros(len(rows), width, dtype=torch.long, device=device)
         for index, (row, length) in enumerate(zip(rows, lengths, strict=True)):
             # Left-padded: every row's last question token is the last column, whose logits give its first token.
-            input_ids[index, width - length :] = row.request.question_ids[0].to(device)
+            input_ids[index, width - length :] = row.request.input_ids[0].to(device)
             start = row.request.context_length
             position_ids[index, width - length :] = torch.arange(start, start + length, device=device)
             row.next_position = start + length
         query_lengths = torch.tensor(lengths, device=device)
-        tokens = self._forward(torch.tensor(slots, device=device), query_lengths, input_ids, position_ids, rows)
-        for slot, row, token in zip(slots, rows, tokens, strict=True):
-            self._append(slot, row, token)
+        # A teacher-forced row needs the logits of its last question token and of each answer token but the last.
+        answers = [row.request.answer_ids.shape[-1] for row in rows if row.request.answer_ids is not None]
+        keep = max(answers, default=0) + 1
+        logits = self._forward(torch.tensor(slots, device=device), query_lengths, input_ids, position_ids, rows, keep)
+        for slot, row, row_logits in zip(slots, rows, logits, strict=True):
+            if row.request.answer_ids is None:
+                self._append(slot, row, int(row_logits[-1].argmax()))
+                continue
+            answer_length = row.request.answer_ids.shape[-1]
+            log_probs = torch.log_softmax(row_logits[-answer_length - 1 : -1].float(), dim=-1)
+            self.rows[slot] = None
+            self.cache.free(slot)
+            row.request.on_answer(log_probs, row.cost)
 
     def _decode_step(self) -> None:
         device = self.model.device
@@ -387,14 +410,15 @@ class DecodingPool:
         position_ids = torch.tensor([[row.next_position if row else 0] for row in self.rows], device=device)
         query_lengths = torch.tensor(live, dtype=torch.long, device=device)
         served = [row for row in self.rows if row is not None]
-        tokens = self._forward(None, query_lengths, input_ids, position_ids, served)
+        tokens = self._forward(None, query_lengths, input_ids, position_ids, served)[:, -1].argmax(dim=-1).tolist()
         for slot, (row, token) in enumerate(zip(self.rows, tokens, strict=True)):
             if row is not None:
                 row.next_position += 1
                 self._append(slot, row, token)
 
-    def _forward(self, rows, query_lengths, input_ids, position_ids, served: list[_Row]) -> list[int]:
-        """One forward pass; its time and count are shared by the rows it served."""
+    def _forward(self, rows, query_lengths, input_ids, position_ids, served: list[_Row], keep: int = 1) -> torch.Tensor:
+        """One forward pass, returning the logits of its last ``keep`` columns; its time and count are shared by
+        the rows it served."""
         start = time.perf_counter()
         self.peak_rows = max(self.peak_rows, len(served))
         cache_position = torch.arange(input_ids.shape[1], device=input_ids.device)
@@ -404,16 +428,17 @@ class DecodingPool:
                 position_ids=position_ids,
                 past_key_values=self.cache,
                 cache_position=cache_position,
-                logits_to_keep=1,
+                logits_to_keep=keep,
                 pool=self.cache,
             ).logits
-        tokens = logits[:, -1].argmax(dim=-1).tolist()
+        if logits.device.type == "cuda":
+            torch.cuda.synchronize(logits.device)  # the pass's time includes its kernels
         self.forward_passes += 1
         share = (time.perf_counter() - start) / len(served)
         for row in served:
             row.cost.decode_seconds += share
             row.cost.forward_passes += 1 / len(served)
-        return tokens
+        return logits
 
     def _append(self, slot: int, row: _Row, token: int) -> None:
         row.tokens.append(token)

@@ -127,6 +127,9 @@ def prepare(run: RunResult, allow_partial: bool) -> Submission:
     reasons = refusal_reasons(run)
     if reasons and not allow_partial:
         raise Refused("; ".join(reasons))
+    if run.score is None:  # the likelihood fields alone: the leaderboard has no place for them
+        raise Refused("made with generate=false: no generated answers to score; rerun with generate=true")
+    # Only the task scores: the likelihood means in metrics.json stay behind (kvpress's format has no place for them).
     metrics = {task: {"string_match": float(values["score"])} for task, values in sorted(run.tasks.items())}
     if not metrics:
         raise Refused("metrics.json has no task scores")

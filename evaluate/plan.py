@@ -29,7 +29,8 @@ from evaluate.config import (
     run_dir,
     validate_context_lengths,
 )
-from evaluate.press_traits import compressed_suffix, decodes_per_sample
+from evaluate.likelihood import answer_ids
+from evaluate.press_traits import compressed_suffix, decodes_per_sample, why_not_teacher_forced
 
 
 def context_id(context: str) -> str:
@@ -201,6 +202,15 @@ class Plan:
             return [[sample] for sample in self.todo]
         groups = group_by_context(list(self.todo), self.cfg.query_aware)
         return sorted(groups, key=lambda group: self.compressed_text(group[0]))
+
+    @property
+    def likelihood(self) -> bool:
+        """Whether the rows get the likelihood fields (evaluate/likelihood.py)."""
+        return self.cfg.likelihood and why_not_teacher_forced(self.press) is None
+
+    def answer_ids(self, sample: Sample, tokenizer):
+        """The tokens of the sample's reference answer that the likelihood fields teacher-force (None: none)."""
+        return answer_ids(tokenizer, self.benchmark.reference_answer(sample), sample.answer_prefix)
 
     def compressed_text(self, sample: Sample, context: str | None = None) -> str:
         """What the press compresses, as kvpress's runner builds it: the context (``context`` when cut), the press's

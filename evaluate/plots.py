@@ -49,7 +49,7 @@ def _draw_points(ax, line: pd.DataFrame, ys: list[float], style, label, size=6):
             ax.plot(x, y, marker, markersize=size, color=color, markerfacecolor="white")
 
 
-def _style(ax, ratios: Sequence[float], values: Sequence[float], fontsize: int = 10) -> None:
+def _style(ax, ratios: Sequence[float], values: Sequence[float], fontsize: int = 10, score: bool = True) -> None:
     ax.set_xticks(ratios)
     ax.set_xticklabels([f"{r:g}" for r in ratios], fontsize=fontsize)
     ax.tick_params(axis="y", labelsize=fontsize)
@@ -57,8 +57,10 @@ def _style(ax, ratios: Sequence[float], values: Sequence[float], fontsize: int =
     ax.set_xlim(min(ratios) - 0.08 * span, max(ratios) + 0.08 * span)
     # Scores are on a 0-100 scale: an axis never shrinks below 0-10, so all-zero panels still read as near zero.
     # Missing values (None: no interval, as under --bootstrap 0) do not count.
+    # Other quantities (KL in nats) take their own range from zero.
     finite = [value for value in values if value is not None and math.isfinite(value)]
-    ax.set_ylim(0, min(105.0, max(10.0, max(finite, default=0.0) * 1.12 + 1.0)))
+    top = max(finite, default=0.0)
+    ax.set_ylim(0, min(105.0, max(10.0, top * 1.12 + 1.0)) if score else max(top * 1.12, 1e-3))
     ax.grid(True, alpha=0.3)
     ax.spines[["top", "right"]].set_visible(False)
 
@@ -71,30 +73,57 @@ def _save(fig, path: Path, dpi: int) -> Path:
     return path
 
 
+# What a plot against cr can show: a run-level column (with ``{column}_low``/``_high`` or ci_low/ci_high for its
+# interval), the axis label, the digits of the reference's value in the legend, and whether it is a 0-100 score.
+_SCORE = ("score", "ci_low", "ci_high", "score", 2, True)
+_KL = ("answer_kl", "answer_kl_low", "answer_kl_high", "answer KL(uncompressed ‖ compressed), nats", 3, False)
+
+
 def plot_benchmark(benchmark: str, frame: pd.DataFrame, path: Path) -> Path:
     """Headline score against compression ratio for one benchmark."""
+    return _against_cr(benchmark, frame, path, *_SCORE)
+
+
+def plot_kl(benchmark: str, frame: pd.DataFrame, path: Path) -> Path:
+    """Mean answer KL (the likelihood fields' divergence from the uncompressed model) against compression ratio."""
+    return _against_cr(benchmark, frame, path, *_KL)
+
+
+def _against_cr(
+    benchmark: str,
+    frame: pd.DataFrame,
+    path: Path,
+    value: str,
+    low: str,
+    high: str,
+    name: str,
+    digits: int,
+    score: bool,
+) -> Path:
+    """``value`` of each method against compression ratio with its bootstrap band, the no-compression value as a
+    dashed line, a panel per model and query-awareness."""
     runs, styles, ratios = _lines(run_level(frame), benchmark)
     compressed = runs[~runs.reference]
     panels = runs.sort_values("run").groupby(["model", "query_aware"])
     fig, axes = plt.subplots(1, panels.ngroups, figsize=(7.5 * panels.ngroups + 2.5, 5.2), squeeze=False)
     for ax, ((model, query_aware), members) in zip(axes[0], panels, strict=True):
         for label, line in compressed[compressed.run.isin(members.run)].groupby("line"):
-            xs, ys, lows, highs = (line[column].tolist() for column in ("cr", "score", "ci_low", "ci_high"))
+            xs, ys, lows, highs = (line[column].tolist() for column in ("cr", value, low, high))
             _draw_points(ax, line, ys, styles[label], label)
-            if line.ci_low.isna().any():
+            if line[low].isna().any():
                 continue
             if len(line) > 1:
                 ax.fill_between(xs, lows, highs, color=styles[label][0], alpha=0.15, linewidth=0)
             else:  # a band needs two points; one point gets a whisker
                 ax.errorbar(xs, ys, yerr=[[ys[0] - lows[0]], [highs[0] - ys[0]]], color=styles[label][0], capsize=4)
-        for reference in members[members.reference & members.score.notna()].itertuples():
-            label = f"no compression{bracketed(reference.variant)} ({reference.score:.2f})"
-            ax.axhline(reference.score, color=_REFERENCE_COLOR, linestyle="--", linewidth=1.5, label=label)
-            if pd.notna(reference.ci_low):
-                ax.axhspan(reference.ci_low, reference.ci_high, color=_REFERENCE_COLOR, alpha=0.08)
-        _style(ax, ratios, [*members.score, *members.ci_high], fontsize=11)
+        for reference in members[members.reference & members[value].notna()].to_dict("records"):
+            label = f"no compression{bracketed(reference['variant'])} ({reference[value]:.{digits}f})"
+            ax.axhline(reference[value], color=_REFERENCE_COLOR, linestyle="--", linewidth=1.5, label=label)
+            if pd.notna(reference[low]):
+                ax.axhspan(reference[low], reference[high], color=_REFERENCE_COLOR, alpha=0.08)
+        _style(ax, ratios, [*members[value], *members[high]], fontsize=11, score=score)
         ax.set_xlabel("compression ratio (fraction of KV pairs removed)", fontsize=12)
-        ax.set_ylabel("score", fontsize=12)
+        ax.set_ylabel(name, fontsize=12)
         ax.set_title(f"{benchmark} — {model}{QUERY_AWARE[query_aware]}", fontsize=13)
     handles, labels = axes[0][-1].get_legend_handles_labels()
     notes = "bands and whiskers: bootstrap 95% interval" + (
@@ -230,11 +259,16 @@ def plot_cost(benchmark: str, frame: pd.DataFrame, path: Path) -> Path:
 
 
 def plot_all(frame: pd.DataFrame, out: Path) -> list[Path]:
-    """Both figures for every benchmark of the runs frame, the score against KV bytes where runs recorded them, and
-    the heatmap of needle runs; returns the files written."""
-    plots, benchmarks = [(plot_benchmark, ""), (plot_task_grid, "_tasks")], sorted(frame.benchmark.unique())
-    plots += [(plot_cost, "_cost")] if frame.kv_bytes_held_per_context.notna().any() else []
-    written = [plot(name, frame, out / f"{name}{suffix}.png") for name in benchmarks for plot, suffix in plots]
+    """For every benchmark of the runs frame: both score figures where its runs have scores (``generate=false``
+    runs have none), the answer KL against cr where they have the likelihood fields, the score against KV bytes
+    where runs recorded them; and the heatmap of needle runs. Returns the files written."""
+    written = []
+    for name, runs in frame.groupby("benchmark"):
+        scored = runs.score.notna().any()
+        plots = [(plot_benchmark, ""), (plot_task_grid, "_tasks")] if scored else []
+        plots += [(plot_cost, "_cost")] if scored and runs.kv_bytes_held_per_context.notna().any() else []
+        plots += [(plot_kl, "_kl")] if runs.answer_kl.notna().any() else []
+        written += [plot(name, runs, out / f"{name}{suffix}.png") for plot, suffix in plots]
     return written + [
         plot_needle_heatmap(name, frame, out / f"{name}_heatmap.png") for name in needle_benchmarks(frame)
     ]

@@ -27,6 +27,7 @@ from transformers import DynamicCache
 from evaluate.benchmarks import Sample
 from evaluate.cost import Cost, kv_bytes, measure_kept_ratio
 from evaluate.decoding import DecodeRequest, DecodingPool, RowCost, hidden_keys
+from evaluate.likelihood import likelihood_fields, teacher_forced
 from evaluate.recorder import Recorder
 from evaluate.runner import chat_template_enabled, make_pipeline, pipeline_budget
 
@@ -97,7 +98,8 @@ class RandomStream:
 
 @dataclass
 class GroupAnswers:
-    """One point's questions on one context: collects the pool's answers and records them once all are in."""
+    """One point's questions on one context: collects the pool's answers and records them, with their likelihood
+    fields, once all are in."""
 
     point: Recorder
     group: list[Sample]
@@ -107,29 +109,66 @@ class GroupAnswers:
     tokenizer: object
     progress: tqdm
     answers: list[str | None] = field(default_factory=list)
+    likelihood: list[dict] = field(default_factory=list)
+    pending: int = 0
 
     def __post_init__(self):
         self.answers = [None] * len(self.group)
+        self.likelihood = self.likelihood or [{} for _ in self.group]
 
     def receiver(self, index: int):
+        """The callback of the greedy row of question ``index``."""
+        self.pending += 1
+
         def on_answer(tokens: list[int], row_cost: RowCost) -> None:
             self.answers[index] = str(self.tokenizer.decode(tokens, skip_special_tokens=True))
             self.cost.decode_seconds += row_cost.decode_seconds
             self.cost.forward_passes += row_cost.forward_passes
             self.cost.generated_tokens += row_cost.generated_tokens
-            if self.complete:
-                self.point.record(self.group, self.answers, self.kept_ratio, self.context_length, None, self.cost)
-                self.progress.update(len(self.group))
+            self._arrived()
 
         return on_answer
 
+    def _arrived(self) -> None:
+        self.pending -= 1
+        if self.complete:
+            self.record()
+
+    def record(self) -> None:
+        self.point.record(
+            self.group, self.answers, self.kept_ratio, self.context_length, None, self.cost, self.likelihood
+        )
+        self.progress.update(len(self.group))
+
     @property
     def complete(self) -> bool:
-        return all(answer is not None for answer in self.answers)
+        return self.pending == 0
 
     def fail(self, failure: Exception) -> None:
         self.point.record(self.group, *self.point.fail(self.group, failure), self.cost)
         self.progress.update(len(self.group))
+
+
+@dataclass
+class QuestionIds:
+    """The tokenized questions of one context, as the pipeline makes them: points usually ask the same questions of
+    a context, so each question list is tokenized once."""
+
+    pipe: object
+    tokenizer: object
+    text: str
+    answer_prefix: str
+    budget: int
+    chat_template: bool
+    known: dict[tuple[str, ...], list] = field(default_factory=dict)
+
+    def __call__(self, group: list[Sample], query_aware: bool) -> list:
+        questions = ("",) if query_aware else tuple(sample.question for sample in group)
+        if questions not in self.known:
+            with chat_template_enabled(self.tokenizer, self.chat_template):
+                inputs = self.pipe.preprocess(self.text, list(questions), self.answer_prefix, self.budget)
+            self.known[questions] = inputs["questions_ids"]
+        return self.known[questions]
 
 
 def _work_key(point: Recorder, group: list[Sample], tokenizer, max_context: int) -> tuple:
@@ -138,6 +177,47 @@ def _work_key(point: Recorder, group: list[Sample], tokenizer, max_context: int)
     text = plan.compressed_text(sample, plan.context(sample, tokenizer, max_context))
     budget = pipeline_budget(plan, tokenizer, max_context)
     return text, sample.answer_prefix, sample.max_new_tokens, sample.chat_template, budget
+
+
+def _references(
+    members, model, tokenizer, full_cache: DynamicCache, question_ids: QuestionIds, context_ids: torch.Tensor
+) -> tuple[dict, Cost]:
+    """The uncompressed log-probabilities of each sample's reference answer (by sample id) for the points of one
+    context that want the likelihood fields, from the shared prefill's cache; and each such point's share of their
+    cost."""
+    wanting = [(point, group) for point, group in members if point.plan.likelihood]
+    references: dict[str, torch.Tensor] = {}
+    start = time.perf_counter()
+    passes = 0
+    for point, group in wanting:
+        todo = [sample for sample in group if sample.id not in references]
+        if not todo:
+            continue
+        answers = [point.plan.answer_ids(sample, tokenizer) for sample in todo]
+        asked = question_ids(todo, point.plan.cfg.query_aware)
+        log_probs, made = teacher_forced(model, full_cache, (), asked, answers, context_ids.shape[1])
+        references.update(zip((sample.id for sample in todo), log_probs, strict=True))
+        passes += made
+    if not wanting:
+        return references, Cost()
+    share = Cost(likelihood_seconds=(time.perf_counter() - start) / len(wanting), forward_passes=passes / len(wanting))
+    return references, share
+
+
+def _likelihood(
+    point: Recorder, group: list[Sample], model, tokenizer, cache, hidden, ids, context_length: int, references: dict
+) -> tuple[list[dict] | None, Cost]:
+    """A point's likelihood fields on one context (None when it has none), against the context's references."""
+    if not point.plan.likelihood:
+        return None, Cost()
+    start = time.perf_counter()
+    answer_ids = [point.plan.answer_ids(sample, tokenizer) for sample in group]
+    compressed, passes = teacher_forced(model, cache, hidden, ids, answer_ids, context_length)
+    fields = [
+        {} if mine is None else likelihood_fields(mine, references[sample.id], answer)
+        for sample, mine, answer in zip(group, compressed, answer_ids, strict=True)
+    ]
+    return fields, Cost(likelihood_seconds=time.perf_counter() - start, forward_passes=passes)
 
 
 def answer_pooled(
@@ -187,8 +267,14 @@ def answer_pooled(
                 with chat_template_enabled(tokenizer, chat_template):
                     context_ids = pipe.preprocess(text, [""], answer_prefix, budget)["context_ids"].to(model.device)
                 capture = PrefillCapture(layers)
+                full_cache = DynamicCache()
                 with torch.no_grad(), capture:
-                    language_model(input_ids=context_ids, past_key_values=DynamicCache())
+                    language_model(input_ids=context_ids, past_key_values=full_cache)
+                question_ids = QuestionIds(pipe, tokenizer, text, answer_prefix, budget, chat_template)
+                references, reference_share = _references(
+                    members, model, tokenizer, full_cache, question_ids, context_ids
+                )
+                del full_cache
             except Exception as failure:
                 for point, group in members:
                     cost = Cost(prefill_seconds=(time.perf_counter() - start) / len(members))
@@ -196,25 +282,22 @@ def answer_pooled(
                     progress.update(len(group))
                 continue
             prefill_share = (time.perf_counter() - start) / len(members)
-            # Points usually ask the same questions of a context: tokenize each question list once.
-            question_ids_for: dict[tuple[str, ...], list] = {}
             for point, group in members:
                 while not pool.has_room():
                     step()
                 point_start = time.perf_counter()
                 try:
-                    questions = ("",) if point.plan.cfg.query_aware else tuple(sample.question for sample in group)
-                    if questions not in question_ids_for:
-                        with chat_template_enabled(tokenizer, chat_template):
-                            question_ids_for[questions] = pipe.preprocess(text, list(questions), answer_prefix, budget)[
-                                "questions_ids"
-                            ]
+                    ids = question_ids(group, point.plan.cfg.query_aware)
                     with torch.no_grad(), streams[id(point)].active():
                         cache = compressed_cache(point.plan.press, layers, capture.captured)
                     kept_ratio = measure_kept_ratio(model, cache, context_ids.shape[1])
                     held, kept = kv_bytes(model, cache)
                     # AdaKV's masks belong to this cache alone: they travel with its rows, and leave the modules.
                     hidden = hidden_keys([layer.self_attn for layer in layers])
+                    compress_seconds = time.perf_counter() - point_start
+                    likelihood, likelihood_cost = _likelihood(
+                        point, group, model, tokenizer, cache, hidden, ids, context_ids.shape[1], references
+                    )
                 except Exception as failure:
                     elapsed = time.perf_counter() - point_start
                     cost = Cost(
@@ -227,17 +310,24 @@ def answer_pooled(
                     clear_masks(layers)
                 cost = Cost(
                     prefill_seconds=prefill_share,
-                    compress_seconds=time.perf_counter() - point_start,
+                    compress_seconds=compress_seconds,
                     forward_passes=1 / len(members),
                     kv_bytes_held=held,
                     kv_bytes_kept=kept,
                 )
-                answers = GroupAnswers(point, group, kept_ratio, context_ids.shape[1], cost, tokenizer, progress)
+                if point.plan.likelihood:
+                    cost = cost + reference_share + likelihood_cost
+                length = context_ids.shape[1]
+                answers = GroupAnswers(
+                    point, group, kept_ratio, length, cost, tokenizer, progress, likelihood=likelihood
+                )
                 outstanding.append(answers)
-                for index, ids in enumerate(question_ids_for[questions]):
-                    pool.submit(
-                        DecodeRequest(cache, ids, context_ids.shape[1], max_new_tokens, answers.receiver(index), hidden)
-                    )
+                if not point.plan.cfg.generate:
+                    answers.record()
+                    continue
+                for index, question in enumerate(ids):
+                    on_answer = answers.receiver(index)
+                    pool.submit(DecodeRequest(cache, question, length, max_new_tokens, on_answer, hidden))
         while pool.busy():
             step()
     finally:

@@ -126,3 +126,10 @@ def prepare_model(press: BasePress | None, model, tokenizer, seed: int) -> None:
         # Resizing the embeddings draws the new row at random: seeded, so that a run is reproducible.
         torch.manual_seed(seed)
         press.update_model_and_tokenizer(model, tokenizer, FINCH_DELIMITER)
+
+
+def why_not_teacher_forced(press: BasePress | None) -> str | None:
+    """Why the likelihood fields cannot be computed under ``press`` (evaluate/likelihood.py); None when they can."""
+    if decodes_per_sample(press):
+        return "it compresses while decoding, so there is no fixed cache to teacher-force the answer on"
+    return None

@@ -70,6 +70,7 @@ class RunStats:
             "prefill_seconds": round(cost.prefill_seconds, 3),
             "compress_seconds": round(cost.compress_seconds, 3),
             "decode_seconds": round(cost.decode_seconds, 3),
+            "likelihood_seconds": round(cost.likelihood_seconds, 3),
             "generated_tokens": cost.generated_tokens,
             "decode_tokens_per_second": round(cost.generated_tokens / cost.decode_seconds, 2)
             if cost.decode_seconds
@@ -138,7 +139,9 @@ class Recorder:
         context_length: int | None,
         error: str | None,
         cost: Cost,
+        likelihood: list[dict] | None = None,
     ) -> None:
+        """Append the group's rows; ``likelihood`` holds each sample's likelihood fields (empty where it has none)."""
         rundir.append_predictions(
             self.predictions,
             (
@@ -150,9 +153,10 @@ class Recorder:
                     "kept_ratio": kept_ratio,
                     "context_length": context_length,
                     **sample.extra,
+                    **fields,
                     **({"error": error} if error else {}),
                 }
-                for sample, answer in zip(group, answers, strict=True)
+                for sample, answer, fields in zip(group, answers, likelihood or [{}] * len(group), strict=True)
             ),
         )
         self.n_errors += len(group) if error else 0

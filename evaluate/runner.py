@@ -17,7 +17,9 @@ from transformers import DynamicCache
 from evaluate.benchmarks import Sample
 from evaluate.config import ConfigError
 from evaluate.cost import Cost, kv_bytes, measure_kept_ratio
+from evaluate.decoding import hidden_keys
 from evaluate.layer_masks import fit_masks_to_layers
+from evaluate.likelihood import likelihood_fields, reference_log_probs, teacher_forced
 from evaluate.plan import Plan
 from evaluate.recorder import Recorder
 
@@ -218,18 +220,25 @@ def answer_with_pipeline(recorder: Recorder, model, tokenizer, budget: int) -> N
             probe.reset()
             group_start = time.perf_counter()
             cache = DynamicCache()
+            text = plan.compressed_text(group[0], context)
+            questions = ["" if plan.cfg.query_aware else sample.question for sample in group]
+            max_context_length = pipeline_budget(plan, tokenizer, budget)
+            likelihood = None
             try:
                 with chat_template_enabled(tokenizer, group[0].chat_template):
                     answers = pipe(
-                        plan.compressed_text(group[0], context),
-                        questions=["" if plan.cfg.query_aware else sample.question for sample in group],
+                        text,
+                        questions=questions,
                         answer_prefix=group[0].answer_prefix,
                         press=plan.press,
-                        max_new_tokens=group[0].max_new_tokens,
-                        max_context_length=pipeline_budget(plan, tokenizer, budget),
+                        # generate=false: the pipeline's one token per question is its shortest way to the cache.
+                        max_new_tokens=group[0].max_new_tokens if plan.cfg.generate else 1,
+                        max_context_length=max_context_length,
                         cache=cache,
                     )["answers"]
                 outcome = answers, measure_kept_ratio(model, cache, probe.context_length), probe.context_length, None
+                if not plan.cfg.generate:
+                    outcome = ([None] * len(group), *outcome[1:])
                 held, kept = kv_bytes(model, cache)
             except Exception as failure:
                 outcome = recorder.fail(group, failure)
@@ -243,8 +252,32 @@ def answer_with_pipeline(recorder: Recorder, model, tokenizer, budget: int) -> N
                 kv_bytes_held=held,
                 kv_bytes_kept=kept,
             )
-            recorder.record(group, *outcome, cost)
+            if plan.likelihood and outcome[-1] is None:
+                start, passes = time.perf_counter(), probe.forward_passes
+                with chat_template_enabled(tokenizer, group[0].chat_template):
+                    inputs = pipe.preprocess(text, questions, group[0].answer_prefix, max_context_length)
+                likelihood = pipeline_likelihood(model, plan, tokenizer, group, cache, inputs)
+                cost.likelihood_seconds = time.perf_counter() - start
+                cost.forward_passes += probe.forward_passes - passes
+            recorder.record(group, *outcome, cost, likelihood)
             progress.update(len(group))
     finally:
         progress.close()
         probe.close()
+
+
+def pipeline_likelihood(
+    model, plan: Plan, tokenizer, group: list[Sample], cache: DynamicCache, inputs: dict
+) -> list[dict]:
+    """Each sample's likelihood fields on the cache kvpress's pipeline left (AdaKV's masks are still on the
+    modules), against one more prefill of the context without the press."""
+    context_ids = inputs["context_ids"].to(model.device)
+    questions = inputs["questions_ids"]
+    answers = [plan.answer_ids(sample, tokenizer) for sample in group]
+    hidden = hidden_keys([layer.self_attn for layer in model.model.layers])
+    compressed, _ = teacher_forced(model, cache, hidden, questions, answers, context_ids.shape[1])
+    reference, _ = reference_log_probs(model.model, model, context_ids, questions, answers)
+    return [
+        {} if answer is None else likelihood_fields(mine, theirs, answer)
+        for mine, theirs, answer in zip(compressed, reference, answers, strict=True)
+    ]

@@ -39,6 +39,8 @@ class Settings:
     overwrite: bool = MISSING
     decode_batch_size: int = MISSING
     decode_memory: float | None = MISSING
+    likelihood: bool = MISSING
+    generate: bool = MISSING
     fail_fast: bool = MISSING
     retry_errors: bool = MISSING
     wait_for_locks: bool = MISSING

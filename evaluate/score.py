@@ -18,6 +18,7 @@ from hydra.utils import instantiate
 
 from evaluate import rundir
 from evaluate.errors import ConfigError, refuse
+from evaluate.likelihood import likelihood_metrics
 from evaluate.tables import format_task_table
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -32,14 +33,30 @@ def benchmark_from_name(name: str):
     return instantiate(cfg.benchmark)
 
 
+def not_generated(benchmark, rows: list[dict]) -> dict:
+    """The metrics of a run made with ``generate=false``: no answers, so no score, only the samples per task."""
+    counts = Counter(row["task"] for row in rows)
+    return {
+        "benchmark": benchmark.name,
+        "score": None,
+        "score_label": "no answers generated (generate=false): see likelihood",
+        "tasks": {task: {"score": None, "n": n} for task, n in sorted(counts.items())},
+    }
+
+
 def score_rows(benchmark, rows: list[dict]) -> dict:
-    """The benchmark's metrics, plus how many samples failed (they are scored as the wrong answers they are)."""
-    metrics = benchmark.score(rows)
+    """The benchmark's metrics (none under ``generate=false``, whose rows hold no prediction), plus how many samples
+    failed (they are scored as the wrong answers they are) and the likelihood fields' means."""
+    generated = all(row.get("prediction") is not None for row in rows)
+    metrics = benchmark.score(rows) if generated else not_generated(benchmark, rows)
     failed = Counter(row["task"] for row in rows if row.get("error"))
     if failed:
         metrics["n_errors"] = sum(failed.values())
         for task, count in failed.items():
             metrics["tasks"][task]["n_errors"] = count
+    likelihood = likelihood_metrics(rows)
+    if likelihood is not None:
+        metrics["likelihood"] = likelihood
     return metrics
 
 

@@ -45,6 +45,14 @@ def uncompressed_score(cfg: DictConfig, sample_ids: set[str]) -> tuple[float, Pa
     return None
 
 
+def likelihood_summary(likelihood: dict) -> str:
+    return (
+        f"answer KL {likelihood['answer_kl']:.4g} from the uncompressed model, top-1 kept at "
+        f"{100 * likelihood['answer_top1']:.1f} %, answer NLL {likelihood['answer_nll']:.3f} "
+        f"(uncompressed {likelihood['answer_nll_uncompressed']:.3f})"
+    )
+
+
 def run_summary(cfg: DictConfig, metrics: dict) -> str:
     out = run_dir(cfg)
     rows = rundir.read_predictions(out / rundir.PREDICTIONS)
@@ -52,8 +60,13 @@ def run_summary(cfg: DictConfig, metrics: dict) -> str:
     method = method_name(cfg)
     lines = [
         f"{method} at cr {effective_cr(cfg):.2f} on {cfg.benchmark.name} ({cfg.model.name}, {len(rows)} samples): "
-        f"score {metrics['score']}"
-        + (f", {100 * sum(kept) / len(kept):.1f} % of the KV pairs kept on average" if kept else "")
+        + ", ".join(
+            [
+                *([f"score {metrics['score']}"] if metrics.get("score") is not None else []),
+                *([likelihood_summary(metrics["likelihood"])] if metrics.get("likelihood") else []),
+                *([f"{100 * sum(kept) / len(kept):.1f} % of the KV pairs kept on average"] if kept else []),
+            ]
+        )
     ]
     failed = [row["error"] for row in rows if row.get("error")]
     if failed:
@@ -93,6 +106,17 @@ def _settings(cfg: DictConfig) -> dict[str, str]:
     return {key: str(value) for key, value in flatten(kept).items()}
 
 
+def _headline(metrics: dict | None) -> str:
+    """A point's cell: its score ('-' without one: left to another process, or generate=false), and its answer
+    KL when it has the likelihood fields."""
+    if metrics is None:
+        return "-"
+    kl = f"{metrics['likelihood']['answer_kl']:.3g}" if metrics.get("likelihood") else None
+    if metrics.get("score") is None:
+        return kl or "-"
+    return f"{metrics['score']} ({kl})" if kl else str(metrics["score"])
+
+
 def sweep_summary(cfgs: Sequence[DictConfig], metrics: Sequence[dict | None]) -> str:
     """The lines a sweep ends with: every point's headline in one method x cr table (rows also split by any other
     setting the points differ in; '-' for a point left to another process), then the points whose samples failed."""
@@ -101,11 +125,16 @@ def sweep_summary(cfgs: Sequence[DictConfig], metrics: Sequence[dict | None]) ->
     points = settings[differing].assign(
         method=[method_name(cfg) for cfg in cfgs],
         cr=[f"{effective_cr(cfg):.2f}" for cfg in cfgs],
-        score=["-" if result is None else str(result["score"]) for result in metrics],
+        score=[_headline(result) for result in metrics],
     )
     # Points that differ only in a setting this table leaves out (a press knob) share a cell, joined by " / ".
     table = points.pivot_table(index=["method", *differing], columns="cr", values="score", aggfunc=" / ".join)
-    lines = [f"sweep of {len(cfgs)} points, score by method and cr:", table.fillna("").to_string()]
+    scored = any(result and result.get("score") is not None for result in metrics)
+    with_kl = any(result and result.get("likelihood") for result in metrics)
+    shown = {(True, True): "score (answer KL)", (True, False): "score", (False, True): "answer KL"}.get(
+        (scored, with_kl), "score"
+    )
+    lines = [f"sweep of {len(cfgs)} points, {shown} by method and cr:", table.fillna("").to_string()]
     failed = []
     for cfg, result in zip(cfgs, metrics, strict=True):
         errors, samples = failed_samples(result) if result is not None else (0, 0)

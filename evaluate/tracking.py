@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from evaluate.bootstrap import sample_scores
 from evaluate.config import ConfigError
+from evaluate.likelihood import FIELDS as LIKELIHOOD_FIELDS
 
 if TYPE_CHECKING:
     from evaluate.results.report import Report
@@ -117,6 +118,10 @@ class Tracker:
         summary |= {key: run_record[key] for key in timings if run_record.get(key) is not None}
         other = {key: value for key, value in metrics.items() if key not in ("tasks", "score", "benchmark")}
         summary |= {key: value for key, value in other.items() if isinstance(value, int | float)}
+        likelihood = metrics.get("likelihood") or {}  # the likelihood fields' means: headline, then per task
+        summary |= {f"likelihood/{key}": value for key, value in likelihood.items() if isinstance(value, int | float)}
+        for task, values in likelihood.get("tasks", {}).items():
+            summary |= {f"likelihood/tasks/{task}/{key}": value for key, value in values.items()}
         self._run.summary.update(summary)
         task_rows = [[task, values.get("score"), values.get("n")] for task, values in tasks.items()]
         task_table = self._wandb.Table(columns=["task", "score", "n"], data=task_rows)
@@ -126,12 +131,17 @@ class Tracker:
         """Up to ``table_rows`` predictions drawn with the run's seed; ``correct`` is the sample's score / 100."""
         picked = list(rows)
         picked = random.Random(self.seed).sample(picked, self.table_rows) if len(picked) > self.table_rows else picked
+        # generate=false rows hold no prediction to score.
+        generated = all(row.get("prediction") is not None for row in picked)
+        scores = sample_scores(benchmark, picked) if generated else [None] * len(picked)
         data = []
-        for row, score in zip(picked, sample_scores(benchmark, picked), strict=True):
+        for row, score in zip(picked, scores, strict=True):
             answers = " | ".join(map(str, a)) if isinstance(a := row.get("answers"), list) else str(a)
             correct = None if score is None else score / 100
-            data.append([row.get("id"), row["task"], row.get("question"), answers, row["prediction"], correct])
-        return self._wandb.Table(columns=["id", "task", "question", "answers", "prediction", "correct"], data=data)
+            cells = [row.get("id"), row["task"], row.get("question"), answers, row["prediction"], correct]
+            data.append(cells + [row.get(name) for name in LIKELIHOOD_FIELDS])
+        columns = ["id", "task", "question", "answers", "prediction", "correct", *LIKELIHOOD_FIELDS]
+        return self._wandb.Table(columns=columns, data=data)
 
     def finish(self, exit_code: int = 0) -> None:
         """Close the wandb run; a non-zero exit code marks it failed (an interrupted run)."""
@@ -145,8 +155,9 @@ def _table(wandb, frame, **options):
 
 
 def log_report(report: "Report", plots: Sequence[Path], mode: str, project: str = "pressbench", dir=None) -> str:
-    """Log every table (as its CSV file holds it), every plot and a score-against-cr chart per benchmark to one
-    summary run; returns the run's URL (online) or its local folder (offline)."""
+    """Log every table (as its CSV file holds it), every plot, and a score-against-cr chart per benchmark (and an
+    answer-KL one where runs have the likelihood fields) to one summary run; returns the run's URL (online) or its
+    local folder (offline)."""
     wandb = _import_wandb(mode)
     runs = report.frame.drop_duplicates("run")
     benchmarks = sorted(runs.benchmark.unique())
@@ -157,11 +168,14 @@ def log_report(report: "Report", plots: Sequence[Path], mode: str, project: str 
     try:
         record = {f"tables/{t.name}": _table(wandb, t.cells(), allow_mixed_types=True) for t in report.tables()}
         for benchmark in benchmarks:
-            scored = runs[(runs.benchmark == benchmark) & runs.score.notna()]
-            points = scored.assign(method=scored.label + " · " + scored.model, compression_ratio=scored.cr)
-            chart = _table(wandb, points[["method", "compression_ratio", "score"]])
-            line = {"stroke": "method", "title": f"{benchmark}: score vs cr"}
-            record[f"charts/{benchmark}"] = wandb.plot.line(chart, "compression_ratio", "score", **line)
+            for value, suffix, title in (("score", "", "score"), ("answer_kl", "_kl", "answer KL")):
+                measured = runs[(runs.benchmark == benchmark) & runs[value].notna()]
+                if measured.empty:
+                    continue  # generate=false runs have no score; runs made with likelihood=false no KL
+                points = measured.assign(method=measured.label + " · " + measured.model, compression_ratio=measured.cr)
+                chart = _table(wandb, points[["method", "compression_ratio", value]])
+                line = {"stroke": "method", "title": f"{benchmark}: {title} vs cr"}
+                record[f"charts/{benchmark}{suffix}"] = wandb.plot.line(chart, "compression_ratio", value, **line)
         record |= {f"plots/{Path(path).stem}": wandb.Image(str(path)) for path in plots}
         run.log(record)
         return run.url if mode == "online" else str(Path(run.dir).parent)

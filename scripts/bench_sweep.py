@@ -125,6 +125,8 @@ def main(argv: list[str] | None = None) -> None:
         f"benchmark.max_seq_length={args.max_seq_length}",
         f"limit={args.limit}",
         f"device={args.device}",
+        # kvpress's evaluation computes no likelihood fields: each way does kvpress's work, and only that.
+        "likelihood=false",
         *([f"dtype={args.dtype}"] if args.dtype else []),
         *args.override,
     ]

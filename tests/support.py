@@ -87,6 +87,9 @@ class SharedContextBenchmark:
     def score(self, rows: list[dict]) -> dict:
         return score_predictions(rows, benchmark=self.name)
 
+    def reference_answer(self, sample: Sample) -> str:
+        return sample.answers[0]
+
 
 def with_shared_context(cfg):
     """Swap the composed benchmark for ``SharedContextBenchmark``."""

@@ -44,12 +44,13 @@ def compressed(model, pipe, press) -> tuple[DynamicCache, list[torch.Tensor], in
     tokens = pipe.preprocess(CONTEXT, QUESTIONS, "Answer:", 10**6)
     cache = DynamicCache()
     with torch.no_grad(), press(model) if press is not None else torch.no_grad():
-        model.model(input_ids=tokens["context_ids"], past_key_values=cache)
+        model.model(input_ids=tokens["context_ids"].to(model.device), past_key_values=cache)
     modules = [layer.self_attn for layer in model.model.layers]
     hidden = hidden_keys(modules)
     for module in modules:
         module.masked_key_indices = None
-    return cache, tokens["questions_ids"], tokens["context_ids"].shape[1], hidden
+    questions = [question.to(model.device) for question in tokens["questions_ids"]]  # the GPU check runs these on cuda
+    return cache, questions, tokens["context_ids"].shape[1], hidden
 
 
 def requests_over_points(model, pipe, max_new_tokens: list[int]) -> list[DecodeRequest]:

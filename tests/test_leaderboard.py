@@ -10,6 +10,7 @@ import yaml
 from evaluate import leaderboard
 from evaluate.benchmarks.ruler import TASKS as RULER_TASKS
 from evaluate.leaderboard import main
+from evaluate.likelihood import FIELDS as LIKELIHOOD_FIELDS
 from evaluate.results.runs import collect_runs
 from tests.fixtures.runs.builder import ruler_benchmark, uniform, write_run
 
@@ -206,3 +207,21 @@ def test_names_that_would_pass_for_a_registry_entry_they_are_not_are_refused(tmp
     assert f"refused {topk}: no leaderboard name: expected_attention was run with" in err
     exported = sorted(path.name for path in out.iterdir() if path.is_dir())
     assert exported == ["ruler__4096__Qwen--Qwen3-8B__expected_attention__0.75"]
+
+
+def test_likelihood_fields_stay_out_of_the_export_and_generate_false_runs_are_refused(tmp_path, capsys):
+    root = tmp_path / "runs"
+    write_run(root, MIXED, method="snapkv", cr=0.5, model=QWEN, likelihood=True)
+    write_run(root, MIXED, method="knorm", cr=0.5, model=QWEN, likelihood=True, generate=False)
+    out = tmp_path / "submission"
+    main([str(root), "--out", str(out)])
+    assert (
+        "made with generate=false: no generated answers to score; rerun with generate=true" in capsys.readouterr().err
+    )
+    (folder,) = [path for path in out.iterdir() if path.is_dir()]
+    assert folder.name == "ruler__4096__Qwen--Qwen3-8B__snapkv__0.50"
+    assert list(json.loads((folder / "metrics.json").read_text())["niah_single_1"]) == ["string_match"]
+    for path in folder.iterdir():
+        text = path.read_text()
+        assert not [word for word in (*LIKELIHOOD_FIELDS, "likelihood") if word in text], path.name
+    assert next(csv.DictReader((folder / "predictions.csv").open())).keys() == set(leaderboard.PREDICTION_COLUMNS)

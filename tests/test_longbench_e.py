@@ -23,6 +23,7 @@ from evaluate.benchmarks.longbench_e import (
     score_predictions,
 )
 from evaluate.config import ConfigError, run_dir
+from evaluate.likelihood import likelihood_metrics
 from evaluate.score import main as score_main
 from evaluate.sweep import run
 from tests.support import compose_config
@@ -250,4 +251,4 @@ def test_a_local_run_records_predictions_and_metrics(tmp_path):
         "passage_count_e": 1,
     }
     assert metrics["tasks"]["qasper_e"]["n_by_length"] == {"0-4k": 1, "4-8k": 1, "8k+": 0}
-    assert metrics == score_predictions(rows)
+    assert metrics == {**score_predictions(rows), "likelihood": likelihood_metrics(rows)}

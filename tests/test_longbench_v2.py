@@ -17,6 +17,7 @@ from hydra.utils import instantiate
 from evaluate import rundir
 from evaluate.benchmarks.longbench_v2 import LongBenchV2, is_correct, score_predictions
 from evaluate.config import ConfigError, run_dir
+from evaluate.likelihood import likelihood_metrics
 from evaluate.plan import select_fraction
 from evaluate.score import main as score_main
 from evaluate.sweep import run
@@ -204,4 +205,4 @@ def test_a_local_run_records_predictions_and_metrics(tmp_path):
     assert all(isinstance(row["prediction"], str) and not row.get("error") for row in rows)
     assert json.loads((out / rundir.METRICS).read_text()) == metrics
     assert {task: values["n"] for task, values in metrics["tasks"].items()} == {"short": 1, "medium": 1, "long": 1}
-    assert metrics == score_predictions(rows)
+    assert metrics == {**score_predictions(rows), "likelihood": likelihood_metrics(rows)}

@@ -418,11 +418,12 @@ def test_a_sweep_ends_with_its_method_by_cr_table_and_lists_its_failed_points(tm
     ]
     metrics = run_sweep(cfgs)
     lines = sweep_summary(cfgs, metrics).splitlines()
-    assert lines[0] == "sweep of 4 points, score by method and cr:"
+    assert lines[0] == "sweep of 4 points, score (answer KL) by method and cr:"
     assert lines[1].split() == ["cr", "0.25", "0.50"]
     assert lines[2].split() == ["method"]
-    assert lines[3].split() == ["knorm", "0.0", "0.0"]
-    assert lines[4].split() == ["snapkv", str(metrics[0]["score"]), str(metrics[1]["score"])]
+    assert lines[3].split() == ["knorm", "0.0", "0.0"]  # failed samples have no likelihood fields
+    kl = [f"({result['likelihood']['answer_kl']:.3g})" for result in metrics[:2]]
+    assert lines[4].split() == ["snapkv", str(metrics[0]["score"]), kl[0], str(metrics[1]["score"]), kl[1]]
     assert lines[5] == "2 points had failed samples (rerun with retry_errors=true to answer them again):"
     assert lines[6:] == [
         f"  {run_dir(cfg)}: 9 of 9 samples failed; the first: RuntimeError: knorm is broken" for cfg in cfgs[2:]

@@ -20,7 +20,7 @@ from evaluate.benchmarks.loogle import Loogle
 from evaluate.benchmarks.ruler import TASKS as RULER_TASKS
 from evaluate.benchmarks.ruler import Ruler
 from evaluate.benchmarks.ruler_synth import RulerSynth
-from evaluate.bootstrap import Decomposition, difference_interval, headline_interval
+from evaluate.bootstrap import Decomposition, difference_interval, headline_interval, mean_interval
 from evaluate.plots import plot_benchmark
 from evaluate.report import main
 from evaluate.results.compare import load_references
@@ -456,3 +456,76 @@ def test_report_without_finished_runs_says_why(tmp_path):
     write_run(tmp_path / "runs", uniform([True]), method="snapkv", status="interrupted")
     with pytest.raises(SystemExit, match="(?s)no finished run under .*status interrupted"):
         main([str(tmp_path / "runs"), "--out", str(tmp_path / "tables"), "--no-plots"])
+
+
+# The likelihood fields (tests/fixtures/runs/builder.py's likelihood_values): at cr 0.5, a right answer has KL 0.05
+# and top-1 0.75, the wrong second sample KL 0.5 + 0.01 = 0.51 and top-1 0.25; NLL is 0.5 + KL.
+@pytest.fixture
+def likelihood_runs(tmp_path):
+    root = tmp_path / "runs"
+    write_run(root, uniform([True, True]), method="no_press", likelihood=True)
+    write_run(root, uniform([True, False]), method="snapkv", cr=0.5, likelihood=True)
+    write_run(root, uniform([True, False]), method="knorm", cr=0.5)  # made with likelihood=false
+    return root
+
+
+def test_likelihood_table_holds_hand_computed_means_with_intervals(likelihood_runs):
+    report = report_of(likelihood_runs, resamples=200)
+    headline, tasks = report.likelihood
+    rows = {row["method"]: row for row in read_csv(headline.csv)}
+    assert sorted(rows) == ["no_press", "snapkv"]  # the run without the fields has no row
+    snapkv, reference = rows["snapkv"], rows["no_press"]
+    expected = {"answer_nll": 0.78, "answer_nll_uncompressed": 0.5, "answer_kl": 0.28, "answer_top1": 0.5, "n": 26}
+    assert {name: float(snapkv[name]) for name in expected} == pytest.approx(expected)
+    assert float(snapkv["answer_kl_low"]) < 0.28 < float(snapkv["answer_kl_high"])
+    assert float(reference["answer_kl"]) == float(reference["answer_kl_low"]) == float(reference["answer_kl_high"]) == 0
+    assert float(reference["answer_top1"]) == 1.0
+    task_rows = [row for row in read_csv(tasks.csv) if row["method"] == "snapkv"]
+    assert sorted(row["task"] for row in task_rows) == sorted(RULER_TASKS)
+    assert {(float(row["answer_kl"]), int(row["n"])) for row in task_rows} == {(0.28, 2)}
+    assert "| ruler | snapkv | cr=0.50 | 0.780 [" in headline.markdown and "| 0.280 [" in headline.markdown
+    assert "snapkv cr=0.50" in tasks.markdown
+
+
+def test_likelihood_table_without_bootstrap_shows_no_intervals(likelihood_runs):
+    (headline, _) = report_of(likelihood_runs, resamples=0).likelihood
+    assert "[" not in headline.markdown and "bootstrap" not in " ".join(headline.notes)
+    assert {row["answer_kl_low"] for row in read_csv(headline.csv)} == {""}
+
+
+def test_a_likelihood_interval_is_drawn_as_the_headline_score_interval():
+    # Per-sample values 100 / 0 are the RULER scores of the same rows: both intervals resample the same contexts.
+    patterns = [[True, False, True], [False, False, True], [True, True, True, False]]
+    outcomes = {task: patterns[i % 3] for i, task in enumerate(RULER_TASKS)}
+    rows = [
+        {"id": f"{task}-{i}", "task": task, "context_id": f"{task}-{i}", "answers": ["x"], "prediction": "x" * ok}
+        for task, pattern in outcomes.items()
+        for i, ok in enumerate(pattern)
+    ]
+    values = [100.0 if row["prediction"] else 0.0 for row in rows]
+    interval = mean_interval(rows, values, resamples=300, seed=3)
+    score_interval = headline_interval(Ruler(), rows, resamples=300, seed=3)
+    assert (round(interval.low, 2), round(interval.high, 2)) == (score_interval.low, score_interval.high)
+    assert interval.low < interval.high
+
+
+def test_generate_false_runs_get_likelihood_tables_and_plot_but_no_score(tmp_path, capsys):
+    root = tmp_path / "runs"
+    write_run(root, uniform([True, True]), method="no_press", likelihood=True, generate=False)
+    write_run(root, uniform([True, False]), method="snapkv", cr=0.5, likelihood=True, generate=False)
+    write_run(root, uniform([False, False]), method="snapkv", cr=0.75, likelihood=True, generate=False)
+    tables, plots = tmp_path / "tables", tmp_path / "plots"
+    main([str(root), "--out", str(tables), "--plots", str(plots), "--bootstrap", "50"])
+    out = capsys.readouterr().out
+    assert {"likelihood.csv", "likelihood.md", "likelihood_tasks.csv", "likelihood_tasks.md"} <= set(
+        path.name for path in tables.iterdir()
+    )
+    assert sorted(path.name for path in plots.iterdir()) == ["ruler_kl.png"]  # no score to plot
+    assert "made with generate=false" in out and "| ruler | snapkv | - n=26 | - n=26 |" in out
+    kl = {
+        float(row["compression_ratio"]): float(row["answer_kl"])
+        for row in read_csv((tables / "likelihood.csv").read_text())
+    }
+    assert kl == {0.0: 0.0, 0.5: 0.28, 0.75: pytest.approx(0.75 + 0.005)}
+    width, height = png_size(plots / "ruler_kl.png")
+    assert width >= 1000 and height >= 600

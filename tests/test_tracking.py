@@ -19,6 +19,8 @@ from omegaconf import open_dict
 
 from evaluate.benchmarks.ruler import Ruler
 from evaluate.config import ConfigError
+from evaluate.likelihood import FIELDS as LIKELIHOOD_FIELDS
+from evaluate.score import score_rows
 from evaluate.tracking import Tracker
 from tests.fixtures.runs.builder import uniform, write_run
 from tests.support import CONF_DIR, compose_config
@@ -139,7 +141,9 @@ def test_offline_run_logs_config_progress_metrics_and_a_predictions_table(tmp_pa
         {"id": "vt-1", "task": "vt", "question": "Q1?", "answers": ["a", "b"], "prediction": "a", "kept_ratio": 0.1},
         {"id": "cwe-0", "task": "cwe", "question": "Q2?", "answers": ["c"], "prediction": "-", "kept_ratio": 0.3},
     ]
-    metrics = Ruler().score(rows)  # vt: (1 + 0.5) / 2 = 75; cwe: 0; headline 37.5
+    for row, kl in zip(rows, (0.25, 0.75, 2.0), strict=True):  # answer KL: vt 0.5, cwe 2.0, headline 1.25
+        row |= {"answer_nll": 1.0 + kl, "answer_nll_uncompressed": 1.0, "answer_kl": kl, "answer_top1": 0.5}
+    metrics = score_rows(Ruler(), rows)  # vt: (1 + 0.5) / 2 = 75; cwe: 0; headline 37.5
     tracker.log_progress(2, 3, wall_seconds=1.5, prefill_seconds=1.0, decode_seconds=0.5, kept_ratio=0.1)
     tracker.log_progress(3, 3, wall_seconds=2.5, prefill_seconds=1.8, decode_seconds=0.7, kept_ratio=0.3)
     tracker.log_metrics(metrics, rows, Ruler(), {"wall_seconds": 2.5, "peak_memory_mb": 512.0, "errors": 0})
@@ -147,14 +151,6 @@ def test_offline_run_logs_config_progress_metrics_and_a_predictions_table(tmp_pa
     assert not tracker.enabled
 
     records = wandb_records(run_dir)
-    from collections import Counter
-
-    print(
-        "DEBUG",
-        Counter(r.WhichOneof("record_type") for r in records),
-        run_dir.stat(),
-        sorted(p.name for p in run_dir.rglob("*")),
-    )
     (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
     assert (run.run_group, run.job_type, run.display_name) == (
         "sweep-2026-01-02_03-04-05",
@@ -177,15 +173,21 @@ def test_offline_run_logs_config_progress_metrics_and_a_predictions_table(tmp_pa
     assert summary["score"] == 37.5 and summary["tasks/vt/score"] == 75.0 and summary["tasks/cwe/n"] == 1
     assert summary["kept_ratio"] == pytest.approx((0.1 + 0.1 + 0.3) / 3)
     assert (summary["wall_seconds"], summary["peak_memory_mb"], summary["samples"]) == (2.5, 512.0, 3)
+    assert (summary["likelihood/answer_kl"], summary["likelihood/answer_top1"], summary["likelihood/n"]) == (
+        1.25,
+        0.5,
+        3,
+    )
+    assert (summary["likelihood/tasks/vt/answer_kl"], summary["likelihood/tasks/cwe/answer_nll"]) == (0.5, 3.0)
 
     (table_file,) = (run_dir / "files" / "media" / "table").glob("predictions_*.table.json")
     table = json.loads(table_file.read_text())
-    assert table["columns"] == ["id", "task", "question", "answers", "prediction", "correct"]
+    assert table["columns"] == ["id", "task", "question", "answers", "prediction", "correct", *LIKELIHOOD_FIELDS]
     assert sorted(table["data"]) == sorted(
         [
-            ["vt-0", "vt", "Q0?", "a | b", "a b", 1.0],
-            ["vt-1", "vt", "Q1?", "a | b", "a", 0.5],
-            ["cwe-0", "cwe", "Q2?", "c", "-", 0.0],
+            ["vt-0", "vt", "Q0?", "a | b", "a b", 1.0, 1.25, 1.0, 0.25, 0.5],
+            ["vt-1", "vt", "Q1?", "a | b", "a", 0.5, 1.75, 1.0, 0.75, 0.5],
+            ["cwe-0", "cwe", "Q2?", "c", "-", 0.0, 3.0, 1.0, 2.0, 0.5],
         ]
     )
 
@@ -211,8 +213,8 @@ def test_report_logs_tables_plots_and_a_score_chart_to_one_offline_run(tmp_path,
     from evaluate.report import main
 
     root = tmp_path / "runs"
-    write_run(root, uniform([True, True]), method="no_press")
-    write_run(root, uniform([True, False]), method="snapkv", cr=0.5)
+    write_run(root, uniform([True, True]), method="no_press", likelihood=True)
+    write_run(root, uniform([True, False]), method="snapkv", cr=0.5, likelihood=True)
     main([str(root), "--out", str(tmp_path / "tables"), "--plots", str(tmp_path / "plots"), "--wandb", "offline"])
     location = capsys.readouterr().out.split("wandb summary run: ")[1].strip()
     run_dir = Path(location)
@@ -225,9 +227,10 @@ def test_report_logs_tables_plots_and_a_score_chart_to_one_offline_run(tmp_path,
         if r.WhichOneof("record_type") == "history":
             logged.update(items(r.history.item))
     # wandb flattens each media value into nested keys: {key}/_type, {key}/path, ...
-    for key in ("tables/ruler", "tables/ruler_tasks", "tables/runs", "charts/ruler_table"):
+    tables = ("tables/ruler", "tables/ruler_tasks", "tables/runs", "tables/likelihood", "tables/likelihood_tasks")
+    for key in (*tables, "charts/ruler_table", "charts/ruler_kl_table"):
         assert logged.get(f"{key}/_type") == "table-file", key
-    for key in ("plots/ruler", "plots/ruler_tasks"):
+    for key in ("plots/ruler", "plots/ruler_tasks", "plots/ruler_kl"):
         assert logged.get(f"{key}/_type") == "image-file", key
     assert (run_dir / "files" / logged["plots/ruler/path"]).is_file()
     (chart,) = (run_dir / "files" / "media" / "table" / "charts").glob("ruler_table_*.table.json")
@@ -236,4 +239,9 @@ def test_report_logs_tables_plots_and_a_score_chart_to_one_offline_run(tmp_path,
     assert sorted(data["data"]) == [
         ["no compression · Llama-3.1-8B-Instruct", 0.0, 100.0],
         ["snapkv · Llama-3.1-8B-Instruct", 0.5, 50.0],
+    ]
+    (chart,) = (run_dir / "files" / "media" / "table" / "charts").glob("ruler_kl_table_*.table.json")
+    assert sorted(json.loads(chart.read_text())["data"]) == [
+        ["no compression · Llama-3.1-8B-Instruct", 0.0, 0.0],
+        ["snapkv · Llama-3.1-8B-Instruct", 0.5, pytest.approx(0.28)],
     ]

@@ -82,6 +82,12 @@ class Benchmark(ABC):
     @abstractmethod
     def score(self, rows: list[dict]) -> dict: ...
 
+    def reference_answer(self, sample: Sample) -> str:
+        """The answer the likelihood fields teacher-force (evaluate/likelihood.py): the first reference, the one a
+        benchmark with several lists first (LongBench's and LooGLE's are alternatives); empty, and so no fields,
+        where a benchmark publishes none (ZeroSCROLLS)."""
+        return str(sample.answers[0]) if sample.answers else ""
+
     def coverage(self, rows: Sequence[dict], config: Mapping[str, Any]) -> list[str]:
         """Why a run with these prediction rows and this resolved config covers less than the full benchmark."""
         counts = Counter(row["task"] for row in rows)

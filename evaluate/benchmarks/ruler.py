@@ -57,6 +57,12 @@ def task_metric(task: str):
     return string_match_part if task.split("_")[0] == "qa" else string_match_all
 
 
+def reference_answer(task: str, references: list[str]) -> str:
+    """What a right answer writes: every reference, comma-separated, where the metric wants them all (multi-value
+    needles, the common and frequent words, the variables); the first where any one will do (qa)."""
+    return references[0] if task_metric(task) is string_match_part else ", ".join(references)
+
+
 def sample_score(task: str, prediction: str, references: list[str]) -> float:
     return task_metric(task)(clean_prediction(prediction), references)
 
@@ -124,3 +130,6 @@ class Ruler(Benchmark):
 
     def score(self, rows: list[dict]) -> dict:
         return score_predictions(rows, benchmark=self.name)
+
+    def reference_answer(self, sample: Sample) -> str:
+        return reference_answer(sample.task, sample.answers)

@@ -65,7 +65,7 @@ import yaml
 from tqdm import tqdm
 
 from evaluate.benchmarks import Benchmark, Sample
-from evaluate.benchmarks.ruler import TASKS
+from evaluate.benchmarks.ruler import TASKS, reference_answer
 from evaluate.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -924,3 +924,6 @@ class RulerSynth(Benchmark):
         metrics["skipped_tasks"] = [task for task in self.tasks if task not in metrics["tasks"]]
         metrics["score_label"] = f"unweighted mean over {len(metrics['tasks'])} tasks"
         return metrics
+
+    def reference_answer(self, sample: Sample) -> str:
+        return reference_answer(sample.task, sample.answers)

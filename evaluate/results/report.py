@@ -11,7 +11,7 @@ from evaluate.results.compare import compare_tables, load_references
 from evaluate.results.differences import Effect, diff_table, effect_table, load_effects
 from evaluate.results.frame import runs_frame
 from evaluate.results.runs import RunResult, compute_intervals
-from evaluate.results.tables import Table, cost_table, headline_table, runs_table, task_table
+from evaluate.results.tables import Table, cost_table, headline_table, likelihood_tables, runs_table, task_table
 
 
 @dataclass
@@ -23,10 +23,11 @@ class Report:
     tasks: list[Table]
     differences: list[Table]
     comparisons: list[Table]
+    likelihood: list[Table]  # the likelihood table and its per-task table, where runs have the fields
     unmatched_references: int = 0
 
     def tables(self) -> list[Table]:
-        tables = [*self.headline, *self.tasks, *self.differences, *self.comparisons]
+        tables = [*self.headline, *self.tasks, *self.differences, *self.comparisons, *self.likelihood]
         return [*tables, cost_table(self.frame), runs_table(self.frame)]
 
     def page(self, runs_dir: Path, resamples: int) -> str:
@@ -37,6 +38,8 @@ class Report:
         for table in self.headline:
             paragraphs += [table.page(), f"Per task: [{table.name}_tasks.md]({table.name}_tasks.md)"]
         paragraphs += [table.page() for table in [*self.differences, *self.comparisons]]
+        for table in self.likelihood[:1]:
+            paragraphs += [table.page(), "Per task: [likelihood_tasks.md](likelihood_tasks.md)"]
         if self.unmatched_references:
             paragraphs.append(f"{self.unmatched_references} published figures have no matching run.")
         if self.skipped:
@@ -63,7 +66,8 @@ def build_report(
     benchmarks = sorted(frame.benchmark.unique())
     headline = [headline_table(frame, benchmark) for benchmark in benchmarks]
     tasks = [task_table(frame, benchmark) for benchmark in benchmarks]
-    return Report(runs, frame, skipped, headline, tasks, differences, *compared)
+    comparisons, unmatched = compared
+    return Report(runs, frame, skipped, headline, tasks, differences, comparisons, likelihood_tables(frame), unmatched)
 
 
 def write_report(report: Report, out: Path, runs_dir: Path, resamples: int) -> list[Path]:

@@ -3,7 +3,7 @@
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -14,8 +14,9 @@ from tqdm.auto import tqdm
 
 from evaluate import rundir
 from evaluate.benchmarks import Benchmark
-from evaluate.bootstrap import Interval, NoInterval, headline_interval
+from evaluate.bootstrap import Interval, NoInterval, headline_interval, mean_interval
 from evaluate.config import NON_RESULT_KEYS
+from evaluate.likelihood import FIELDS, row_fields
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ class RunResult:
     variant: str = ""  # set when several runs would otherwise share a table cell
     interval: Interval | None = None
     interval_note: str = ""  # why a run has no interval
+    likelihood_intervals: dict[str, Interval] = field(default_factory=dict)  # a likelihood field: its interval
 
     def __post_init__(self) -> None:
         self.config: dict = self.record.get("config", {})
@@ -63,6 +65,7 @@ class RunResult:
         self.tasks: dict[str, dict] = self.metrics.get("tasks", {})
         self.samples = sum(int(task.get("n", 0)) for task in self.tasks.values())
         self.score = None if self.metrics.get("score") is None else float(self.metrics["score"])  # the headline
+        self.likelihood: dict = self.metrics.get("likelihood") or {}  # metrics.json's means of the likelihood fields
         self.row_key = (self.benchmark, self.model, self.method, self.query_aware)  # a row of the headline table
 
     @cached_property
@@ -136,10 +139,18 @@ def _assign_variants(runs: list[RunResult]) -> tuple[list[RunResult], list[tuple
 
 
 def compute_intervals(runs: Sequence[RunResult], resamples: int, seed: int = 0) -> None:
-    """Attach a bootstrap 95% interval of the headline to every run (in place)."""
+    """Attach a bootstrap 95% interval of the headline, and of each likelihood field's headline, to every run (in
+    place)."""
     if resamples <= 0:
         return
     for run in tqdm(runs, desc="bootstrap", unit="run", disable=len(runs) < 2, dynamic_ncols=True):
+        rows = [row for row in run.rows if row_fields(row)]
+        if rows and run.likelihood:
+            try:
+                values = {name: [row[name] for row in rows] for name in FIELDS}
+                run.likelihood_intervals = {name: mean_interval(rows, values[name], resamples, seed) for name in FIELDS}
+            except NoInterval:
+                pass  # the score's interval_note below names the single-context task
         try:
             run.interval = headline_interval(run.benchmark_object, run.rows, resamples=resamples, seed=seed)
         except NoInterval as reason:

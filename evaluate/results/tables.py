@@ -7,6 +7,7 @@ from typing import Any
 
 import pandas as pd
 
+from evaluate.likelihood import FIELDS as LIKELIHOOD_FIELDS
 from evaluate.results.frame import COST_COLUMNS, run_level
 from evaluate.results.runs import NO_PRESS, flatten
 
@@ -130,6 +131,8 @@ def headline_table(frame: pd.DataFrame, benchmark: str) -> Table:
     columns = [(value, cr) for cr in ratios for value in _HEADLINE_CSV]
     data[[fmt_cr(cr) + _HEADLINE_CSV[value] for value, cr in columns]] = grid[columns].to_numpy()
     notes = settings_note(frame) + partial_note(frame) + interval_notes(frame)
+    if (frame.score.isna() & frame.answer_kl.notna()).any():
+        notes.append("`-` with n: made with generate=false, no answers to score; see the likelihood table.")
     if not frame.reference.any():
         notes.append(f"No `{NO_PRESS}` run: run `press=none` for the no-compression row.")
     return Table(benchmark, f"{benchmark}: headline score by compression ratio", data, [("", md)], notes)
@@ -192,3 +195,66 @@ def cost_table(frame: pd.DataFrame) -> Table:
 
 def fmt_mib(value: float | None) -> str:
     return "-" if pd.isna(value) else f"{value / 2**20:.2f}"
+
+
+# The likelihood fields as the tables head them.
+LIKELIHOOD_HEADINGS = {
+    "answer_nll": "answer NLL",
+    "answer_nll_uncompressed": "uncompressed NLL",
+    "answer_kl": "answer KL",
+    "answer_top1": "top-1 agreement",
+}
+
+
+def fmt_likelihood(value: float | None, low: float | None = None, high: float | None = None) -> str:
+    """``value [low, high]`` to 3 decimals (the fields are nats and shares, far below 1 where a press does well)."""
+    if pd.isna(value):
+        return "-"
+    return f"{value:.3f}" + ("" if pd.isna(low) else f" [{low:.3f}, {high:.3f}]")
+
+
+def likelihood_tables(frame: pd.DataFrame) -> list[Table]:
+    """The likelihood fields of every run that has them (evaluate/likelihood.py): ``likelihood``, each field's
+    headline (the unweighted mean of its task means) with its bootstrap 95% interval, a row per run; and
+    ``likelihood_tasks``, the task means, a row per run x task. None of them without such runs."""
+    runs = run_level(frame).dropna(subset=["answer_kl"])
+    if runs.empty:
+        return []
+    runs = runs.sort_values(["benchmark", "model", "query_aware", "cr", "method", "variant"], kind="stable")
+    models = {"model": runs.model} if runs.model.nunique() > 1 else {}
+    shown = pd.DataFrame({"benchmark": runs.benchmark, **models, "method": runs.label, "cr": runs.cr.map(fmt_cr)})
+    for name, heading in LIKELIHOOD_HEADINGS.items():
+        shown[heading] = [fmt_likelihood(*values) for values in runs[[name, f"{name}_low", f"{name}_high"]].to_numpy()]
+    shown["n"] = runs.likelihood_n.astype(str)
+    columns = ["benchmark", "model", "method", "query_aware", "cr"]
+    columns += [f"{name}{end}" for name in LIKELIHOOD_FIELDS for end in ("", "_low", "_high")] + ["likelihood_n"]
+    data = runs.assign(method=row_method(runs))[columns].rename(columns={**_CSV_NAMES, "likelihood_n": "n"})
+    notes = [
+        "Per sample, the reference answer teacher-forced on the compressed cache: its mean negative log-likelihood "
+        "per token (nats), that on the uncompressed cache, the mean KL(uncompressed ‖ compressed) of the next-token "
+        "distributions, and the share of answer positions whose most likely token is unchanged (docs/metrics.md). "
+        "Each is the unweighted mean of its task means"
+        + (
+            ", with its bootstrap 95% interval (contexts resampled within each task)."
+            if runs.answer_kl_low.notna().any()
+            else "."
+        )
+    ]
+    title = "Quality without generation: answer likelihood and divergence from the uncompressed model"
+    headline = Table("likelihood", title, data, [("", shown.reset_index(drop=True))], notes + interval_notes(runs))
+    tasks = frame.dropna(subset=["task_answer_kl"]).sort_values(
+        ["benchmark", "model", "query_aware", "cr", "method", "variant", "task"], kind="stable"
+    )
+    task_columns = ["benchmark", "model", "method", "query_aware", "cr", "task"]
+    task_columns += [f"task_{name}" for name in LIKELIHOOD_FIELDS] + ["task_likelihood_n"]
+    task_data = tasks.assign(method=row_method(tasks))[task_columns]
+    task_data = task_data.rename(columns={"cr": "compression_ratio", "task_likelihood_n": "n"})
+    task_data = task_data.rename(columns=lambda column: column.removeprefix("task_") if column != "task" else column)
+    sections = []
+    for benchmark, members in tasks.groupby("benchmark"):
+        kl = members.assign(row=members.label + " " + members.cr.map(fmt_cr)).pivot_table(
+            index="task", columns="row", values="task_answer_kl", sort=False
+        )
+        body = kl.map(fmt_likelihood).reset_index()
+        sections.append((f"#### {benchmark}: answer KL by task", body))
+    return [headline, Table("likelihood_tasks", "Answer KL by task", task_data, sections)]
