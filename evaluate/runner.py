@@ -254,9 +254,12 @@ def answer_with_pipeline(recorder: Recorder, model, tokenizer, budget: int) -> N
             )
             if plan.likelihood and outcome[-1] is None:
                 start, passes = time.perf_counter(), probe.forward_passes
-                with chat_template_enabled(tokenizer, group[0].chat_template):
-                    inputs = pipe.preprocess(text, questions, group[0].answer_prefix, max_context_length)
-                likelihood = pipeline_likelihood(model, plan, tokenizer, group, cache, inputs)
+                try:
+                    with chat_template_enabled(tokenizer, group[0].chat_template):
+                        inputs = pipe.preprocess(text, questions, group[0].answer_prefix, max_context_length)
+                    likelihood = pipeline_likelihood(model, plan, tokenizer, group, cache, inputs)
+                except Exception as failure:  # as on the pool's path: the group fails, named, and the run goes on
+                    outcome, likelihood = recorder.fail(group, failure), None
                 cost.likelihood_seconds = time.perf_counter() - start
                 cost.forward_passes += probe.forward_passes - passes
             recorder.record(group, *outcome, cost, likelihood)

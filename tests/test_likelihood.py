@@ -173,3 +173,19 @@ def test_a_press_that_compresses_while_decoding_gets_no_fields_and_says_so(tmp_p
         run(cfg)
     assert "decoding_knorm gets no likelihood fields: it compresses while decoding" in caplog.text
     assert all(name not in row for row in rows_of(cfg) for name in FIELDS)
+
+
+@pytest.mark.parametrize("path", ["pool", "pipeline"])
+def test_a_likelihood_failure_fails_its_samples_by_name_and_the_run_goes_on(tmp_path, monkeypatch, path):
+    def broken(*args, **kwargs):
+        raise RuntimeError("teacher forcing is broken")
+
+    monkeypatch.setattr(f"evaluate.{'pooled' if path == 'pool' else 'runner'}.teacher_forced", broken)
+    cfg = config(
+        tmp_path, "press=topk", "scorer=snapkv", "cr=0.5", *(["decode_batch_size=1"] if path == "pipeline" else [])
+    )
+    metrics = run(cfg)
+    rows = rows_of(cfg)
+    assert rows and all(row["error"] == "RuntimeError: teacher forcing is broken" for row in rows)
+    assert metrics["n_errors"] == len(rows)
+    assert rundir.read_json(run_dir(cfg) / rundir.RUN)["status"] == "complete_with_errors"
