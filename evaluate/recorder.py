@@ -115,6 +115,11 @@ class Recorder:
         """Make the directory match the plan (earlier rows dropped by overwrite or retry_errors) and open a session."""
         plan = self.plan
         if not plan.todo:
+            recorded = rundir.read_json(plan.out / rundir.RUN) or {}
+            if recorded.get("status") not in rundir.FINISHED:
+                # Stopped after its last answer but before it closed (SIGKILL): this session only closes it.
+                self.stats = RunStats.resume(recorded)
+                self._write_run(self._finished_status())
             print(f"{plan.out} is already complete ({len(plan.samples)} samples); pass overwrite=true to redo it")
             return
         if plan.cfg.overwrite:
@@ -196,7 +201,7 @@ class Recorder:
         """Finish the session and score every prediction of the run; returns metrics.json's content."""
         plan = self.plan
         if plan.todo:
-            self._write_run("complete_with_errors" if self.n_errors else "complete")
+            self._write_run(self._finished_status())
             if self.n_errors:
                 logger.warning(
                     "%d samples failed; they count as wrong answers (see the error field in predictions)",
@@ -217,6 +222,9 @@ class Recorder:
             self.tracker.log_metrics(metrics, rows, plan.benchmark, rundir.read_json(plan.out / rundir.RUN))
         self.tracker.finish()
         return metrics
+
+    def _finished_status(self) -> str:
+        return rundir.FINISHED[1] if self.n_errors else rundir.FINISHED[0]
 
     def _write_run(self, status: str) -> None:
         record = {

@@ -24,6 +24,8 @@ from evaluate.errors import ConfigError
 PREDICTIONS = "predictions.jsonl"
 METRICS = "metrics.json"
 RUN = "run.json"
+# run.json statuses of a run whose every sample is answered (failed ones included).
+FINISHED = ("complete", "complete_with_errors")
 CONFIG = "config.yaml"
 LOCK = ".lock"
 

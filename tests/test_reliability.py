@@ -393,6 +393,21 @@ def test_press_and_method_together_are_refused_in_one_line_before_anything_runs(
     assert [path.name for path in tmp_path.iterdir()] == ["multirun"]  # Hydra's record of the sweep, no run
 
 
+def test_a_run_stopped_after_its_last_answer_but_before_it_closed_is_closed_by_the_rerun(tmp_path):
+    # SIGKILL between the last prediction line and run.json's "complete": every answer is in, the status is not.
+    cfg = with_shared_context(compose_config(tmp_path, "press=topk", "scorer=snapkv", "cr=0.5"))
+    run(cfg)
+    out = run_dir(cfg)
+    record = rundir.read_json(out / rundir.RUN)
+    predictions = (out / rundir.PREDICTIONS).read_text()
+    rundir.write_json(out / rundir.RUN, {**record, "status": "running"})
+    run(cfg)
+    closed = rundir.read_json(out / rundir.RUN)
+    assert (closed["status"], closed["sessions"]) == ("complete", record["sessions"] + 1)
+    assert closed["samples"] == closed["samples_expected"] == record["samples"]
+    assert (out / rundir.PREDICTIONS).read_text() == predictions  # nothing answered again
+
+
 def test_a_run_whose_every_sample_failed_exits_non_zero_and_says_why(tmp_path):
     result = evaluate_cli(
         "press=topk", "scorer.press._target_=tests.support.FailingScorer", f"output_dir={tmp_path}", *SHARED_CONTEXT_CLI

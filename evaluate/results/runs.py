@@ -21,7 +21,6 @@ from evaluate.likelihood import FIELDS, row_fields
 logger = logging.getLogger(__name__)
 
 DEFAULT_RUNS = Path("results/runs")
-FINISHED = ("complete", "complete_with_errors")
 NO_PRESS = "no_press"
 # Config keys that never distinguish two results (the fingerprint leaves them out too), the ratio itself (as does
 # any compression_ratio), and the report settings an experiment preset carries.
@@ -86,7 +85,7 @@ def collect_runs(runs_dir: Path) -> tuple[list[RunResult], list[tuple[Path, str]
     for run_file in sorted(runs_dir.rglob(rundir.RUN)):
         path, run = run_file.parent, rundir.read_json(run_file) or {}
         try:
-            if run.get("status", "unknown") not in FINISHED:
+            if run.get("status", "unknown") not in rundir.FINISHED:
                 raise ReportError(f"status {run.get('status', 'unknown')}")
             record, metrics = rundir.read_yaml(path / rundir.CONFIG), rundir.read_json(path / rundir.METRICS)
             if record is None:
