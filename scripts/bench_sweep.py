@@ -13,8 +13,8 @@
     python scripts/bench_sweep.py --random-model --device cuda --dtype bfloat16  # Llama-3.1-8B's shape, random weights
 
 Prints wall time, samples/s, peak resident memory, the speed-up and whether every point's predictions are
-byte-identical, and writes the same table to results/bench/sweep_{device}.md (``--out-dir``), with each run's
-prefill and decode seconds, peak device memory and differing predictions in sweep_{device}.csv.
+byte-identical, and writes the same table to results/bench/sweep_{workload}_{device}.md (``--out-dir``), with each run's
+prefill and decode seconds, peak device memory and differing predictions in sweep_{workload}_{device}.csv.
 """
 
 import argparse

@@ -1,20 +1,26 @@
 """Does the answer KL rank presses as accuracy does, at a fraction of the cost? One run on one machine.
 
     python scripts/likelihood_evidence.py                        # SmolLM2, ruler_synth at 2,048 tokens
-    python scripts/likelihood_evidence.py --model tiny_random --max-seq-length 512 --limit 1   # a check of the script
+    python scripts/likelihood_evidence.py --limit 5                             # 5 contexts per task
+    python scripts/likelihood_evidence.py --max-seq-length 1024 --limit 1 --scorers knorm --crs 0.5   # a quick check
 
-Runs one sweep of presses x scorers x ratios (plus the uncompressed model) twice, as one ``python -m evaluate -m``
-each: with ``generate=false`` (the likelihood fields alone) and generating (accuracy and the fields). Then reads
-both through the report (``python -m evaluate.report``, its bootstrap intervals included) and prints, per point, the
+Runs one sweep of presses x scorers x ratios (plus the uncompressed model) three times, as one
+``python -m evaluate -m`` each: with ``generate=false`` (the likelihood fields alone), generating (accuracy and the
+fields), and generating with ``likelihood=false`` (accuracy alone, for its wall time). Then reads the first two
+through the report (``python -m evaluate.report``, its bootstrap intervals included) and prints, per point, the
 accuracy drop from the uncompressed model and the mean answer KL; the Spearman correlation between the two across
 points; each measure's bootstrap interval width as a fraction of its range across the points; and the wall time of
-each sweep. Writes the tables to results/bench/likelihood_evidence_{device}.md and .csv (``--out-dir``).
+each sweep. Writes the tables to results/bench/likelihood_evidence_{device}_limit{limit}.md and .csv (``--out-dir``).
+
+The sweeps' runs, their wall times and printed tables stay in ``--work-dir``: a rerun with the same arguments reuses
+every sweep that finished there (so a change to the summary costs no sweep), and one killed midway resumes where it
+stopped (its wall time then counts only the rerun; delete the work folder to time it afresh).
 """
 
 import argparse
+import json
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -56,6 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bootstrap", type=int, default=1000)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out-dir", type=Path, default=REPO / "results" / "bench")
+    parser.add_argument("--work-dir", type=Path, help="default: outputs/likelihood_evidence_{device}_limit{limit}")
     args = parser.parse_args(argv)
     common = [
         f"model={args.model}",
@@ -66,20 +73,25 @@ def main(argv: list[str] | None = None) -> None:
     ]
     grid = [f"press={args.presses}", f"scorer={args.scorers}", f"cr={args.crs}"]
     python = [sys.executable, "-m", "evaluate"]
-    with tempfile.TemporaryDirectory() as scratch:
-        scratch = Path(scratch)
-        # Dequantize/cache the model and generate the data once, outside both timings.
-        subprocess.run([*python, *common, "limit=1", "press=none", f"output_dir={scratch}/warm"], cwd=REPO, check=True)
-        walls, sweep_tables = {}, {}
-        for way, extra in (("measured", ["generate=false"]), ("generated", [])):
-            out = scratch / way
-            walls[way], printed = timed([*python, "-m", *common, *grid, *extra, f"output_dir={out}"])
+    scratch = args.work_dir or REPO / "outputs" / f"likelihood_evidence_{args.device}_limit{args.limit}"
+    # Dequantize/cache the model and generate the data once, outside both timings.
+    subprocess.run([*python, *common, "limit=1", "press=none", f"output_dir={scratch}/warm"], cwd=REPO, check=True)
+    walls, sweep_tables = {}, {}
+    ways = (("measured", ["generate=false"]), ("generated", []), ("generated_alone", ["likelihood=false"]))
+    for way, extra in ways:
+        out, record = scratch / way, scratch / f"{way}.json"
+        sweep = [*python, "-m", *common, *grid, *extra, f"output_dir={out}"]
+        if not record.exists() or json.loads(record.read_text())["command"] != sweep:
+            wall, printed = timed(sweep)
+            wall += timed([*python, *common, "press=none", *extra, f"output_dir={out}"])[0]
             # The table the sweep ends with (evaluate/summary.py), as the README shows it.
-            sweep_tables[way] = printed[printed.rindex("sweep of ") :]
-            walls[way] += timed([*python, *common, "press=none", *extra, f"output_dir={out}"])[0]
-            print(f"{way}: {walls[way]:.1f} s")
-        runs, likelihood = report(scratch / "generated", scratch / "tables", args.bootstrap)
-        _, measured = report(scratch / "measured", scratch / "tables_measured", args.bootstrap)
+            table = printed[printed.rindex("sweep of ") :]
+            record.write_text(json.dumps({"command": sweep, "wall": wall, "table": table}))
+        finished = json.loads(record.read_text())
+        walls[way], sweep_tables[way] = finished["wall"], finished["table"]
+        print(f"{way}: {walls[way]:.1f} s")
+    runs, likelihood = report(scratch / "generated", scratch / "tables", args.bootstrap)
+    _, measured = report(scratch / "measured", scratch / "tables_measured", args.bootstrap)
     points = summarize(runs, likelihood, measured)
     write(points, walls, sweep_tables, args)
 
@@ -109,6 +121,7 @@ def write(
         "answer_kl": ((points.answer_kl_high - points.answer_kl_low) / span["answer_kl"]).median(),
     }
     rho = spearman(points.answer_kl, points["drop"])
+    by_ratio = {cr: spearman(at.answer_kl, at["drop"]) for cr, at in points.groupby("compression_ratio")}
     lines = [
         f"Likelihood evidence: {args.model}, ruler_synth at {args.max_seq_length} tokens, {args.limit} contexts per "
         f"task; presses {args.presses} x scorers {args.scorers} x cr {args.crs} ({len(points)} points) and the "
@@ -116,11 +129,15 @@ def write(
         "",
         markdown_table(points.round(4).astype(str)),
         "",
-        f"Spearman correlation of mean answer KL with the accuracy drop across the {len(points)} points: {rho:.3f}.",
+        f"Spearman correlation of mean answer KL with the accuracy drop across the {len(points)} points: {rho:.3f}; "
+        "among the methods at one ratio: "
+        + ", ".join(f"cr {cr:g} {value:.3f}" for cr, value in by_ratio.items())
+        + ".",
         f"Median bootstrap 95% interval width as a fraction of the range across points: accuracy "
         f"{width['score']:.2f}, answer KL {width['answer_kl']:.2f}.",
-        f"Wall time: generate=false {walls['measured']:.1f} s, generating {walls['generated']:.1f} s "
-        f"({walls['generated'] / walls['measured']:.2f}x).",
+        f"Wall time: generate=false {walls['measured']:.1f} s; generating with the fields {walls['generated']:.1f} s "
+        f"({walls['generated'] / walls['measured']:.2f}x); generating without them (likelihood=false) "
+        f"{walls['generated_alone']:.1f} s ({walls['generated_alone'] / walls['measured']:.2f}x).",
         "answer_kl_generate_false is the same field from the generate=false sweep.",
         "",
         "The generate=false sweep ended with:",
@@ -132,8 +149,9 @@ def write(
     text = "\n".join(lines)
     print(text)
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / f"likelihood_evidence_{args.device}.md").write_text(text + "\n")
-    points.to_csv(args.out_dir / f"likelihood_evidence_{args.device}.csv", index=False)
+    name = f"likelihood_evidence_{args.device}_limit{args.limit}"
+    (args.out_dir / f"{name}.md").write_text(text + "\n")
+    points.to_csv(args.out_dir / f"{name}.csv", index=False)
 
 
 if __name__ == "__main__":
