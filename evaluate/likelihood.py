@@ -76,8 +76,8 @@ def teacher_forced(
     Each row is teacher-forced by the decoding pool's machinery (which carries AdaKV's masks) in a forward pass of
     its own: batched with other rows, its float32 sums would be rounded in another order, so its fields would
     depend on what else the run holds. Alone, they depend on its cache, question and answer only, and a sweep, a
-    separate run, a resumed or repaired one and kvpress's pipeline path all give them bit for bit. Also returns
-    the forward passes made.
+    separate run, a resumed or repaired one and kvpress's pipeline path all give them bit for bit (in one
+    process; docs/metrics.md says where two processes were seen to differ). Also returns the forward passes made.
     """
     log_probs: list[torch.Tensor | None] = [None] * len(questions)
 

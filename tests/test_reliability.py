@@ -445,9 +445,17 @@ def test_a_sweep_ends_with_its_method_by_cr_table_and_lists_its_failed_points(tm
     ]
 
 
-# KILL_RUN, answering one question at a time: with the pool, on an idle machine, all 36 samples are answered
-# between the first line written and the signal, and the run ends before it is interrupted.
-INTERRUPTED_RUN = tuple("decode_batch_size=1" if item.startswith("decode_batch_size=") else item for item in KILL_RUN)
+# KILL_RUN, one question at a time and on 200 contexts: the signal must arrive while the run still answers, and
+# on a loaded machine this process can wake up seconds after the first line is written (with 12 contexts, all 36
+# samples were answered by then, once even one at a time, and the run ended before it was interrupted).
+INTERRUPTED_CONTEXTS = 200
+INTERRUPTED_RUN = tuple(
+    {
+        "decode_batch_size": "decode_batch_size=1",
+        "+benchmark.contexts": f"+benchmark.contexts={INTERRUPTED_CONTEXTS}",
+    }.get(item.split("=")[0], item)
+    for item in KILL_RUN
+)
 
 
 def test_ctrl_c_ends_in_one_line_with_what_was_kept_and_the_command_that_resumes(tmp_path):
@@ -460,7 +468,7 @@ def test_ctrl_c_ends_in_one_line_with_what_was_kept_and_the_command_that_resumes
     assert process.returncode == 130, stderr
     assert "Traceback" not in stderr
     kept = len(rundir.read_predictions(predictions))
-    assert 0 < kept < 36
+    assert 0 < kept < INTERRUPTED_CONTEXTS * 3
     command = shlex.join(["python", "-m", "evaluate", f"output_dir={tmp_path}", "device=cpu", *INTERRUPTED_RUN])
     assert stderr.strip().splitlines()[-1] == (
         f"interrupted: {kept} samples kept in {predictions.parent}; rerun to resume: {command}"
