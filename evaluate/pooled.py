@@ -163,7 +163,9 @@ class QuestionIds:
     known: dict[tuple[str, ...], list] = field(default_factory=dict)
 
     def __call__(self, group: list[Sample], query_aware: bool) -> list:
-        questions = ("",) if query_aware else tuple(sample.question for sample in group)
+        # Query-aware: the question is in the compressed text, and every row of the group asks "" of it (two rows
+        # asking the same question of one context are one group, answered twice, as kvpress answers them).
+        questions = tuple("" if query_aware else sample.question for sample in group)
         if questions not in self.known:
             with chat_template_enabled(self.tokenizer, self.chat_template):
                 inputs = self.pipe.preprocess(self.text, list(questions), self.answer_prefix, self.budget)

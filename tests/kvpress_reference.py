@@ -62,8 +62,9 @@ def set_runner_knobs(press: BasePress | None, cr: float, **knobs) -> BasePress |
 
 
 def ruler_rows(ask: str = "", shared_questions: int = 4, single_contexts: int = 3) -> list[dict]:
-    """RULER-format rows: one context asked ``shared_questions`` questions, and ``single_contexts`` contexts asked
-    one each; every question starts with ``ask``."""
+    """RULER-format rows: one context asked ``shared_questions`` questions and its first question once more (a
+    context asked the same question twice: kvpress answers both rows, query-aware or not), and ``single_contexts``
+    contexts asked one each; every question starts with ``ask``."""
     rows = []
     shared = "Report.\n" + FILLER * 5 + "The special magic number for apples is 7341.\n" + FILLER * 2
     for number, fruit in enumerate(("apples", "pears", "plums", "kiwis")[:shared_questions]):
@@ -77,6 +78,7 @@ def ruler_rows(ask: str = "", shared_questions: int = 4, single_contexts: int = 
                 "max_new_tokens": 12,
             }
         )
+    rows.append({**rows[0], "task": "niah_single_1"})
     for index in range(single_contexts):
         rows.append(
             {
