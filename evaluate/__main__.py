@@ -6,10 +6,10 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from evaluate.config import validate_choices
 from evaluate.errors import ConfigError, refuse
-from evaluate.summary import failed_samples, interrupted_summary, run_summary
-from evaluate.sweep import run
+from evaluate.run.entry import run
+from evaluate.run.summary import failed_samples, interrupted_summary, run_summary
+from evaluate.spec.config import validate_choices
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="config")

@@ -248,7 +248,7 @@ def store_method_configs() -> None:
 
 
 # Hydra reads the config store when it composes; every entry point (python -m evaluate, the tests' compose) imports
-# this module first, through evaluate.config.
+# this module first, through evaluate.spec.config.
 store_method_configs()
 
 

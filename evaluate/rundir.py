@@ -2,7 +2,7 @@
 
 - ``predictions.jsonl`` is appended one object per line, flushed and fsynced after each context; a torn
   last line left by a crash is detected and cut off when the file is read back. Any other unreadable line is
-  refused with its file and line number, until ``python -m evaluate.repair`` moves it aside.
+  refused with its file and line number, until ``python -m evaluate.run.repair`` moves it aside.
 - ``config.yaml``, ``metrics.json`` and ``run.json`` are replaced whole (write beside, then rename).
 """
 
@@ -68,7 +68,7 @@ class DamagedPredictions(ConfigError):
     def __init__(self, path: Path, line: int, reason: str):
         super().__init__(
             f"{path}:{line} is not a prediction row ({reason}); the file is left as it is. Move the damaged lines "
-            f"aside with python -m evaluate.repair {path.parent}, then rerun to answer their samples again"
+            f"aside with python -m evaluate.run.repair {path.parent}, then rerun to answer their samples again"
         )
         self.path, self.line = path, line
 

@@ -21,11 +21,11 @@ from transformers import DynamicCache
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from evaluate.decoding import DecodeRequest, decode_all, hidden_keys  # noqa: E402
-from evaluate.layer_masks import fit_masks_to_layers  # noqa: E402
-from evaluate.models import EmbeddedGGUFModel  # noqa: E402
-from evaluate.random_models import RandomModel  # noqa: E402
-from evaluate.runner import make_pipeline  # noqa: E402
+from evaluate.engine.decoding import DecodeRequest, decode_all, hidden_keys  # noqa: E402
+from evaluate.engine.layer_masks import fit_masks_to_layers  # noqa: E402
+from evaluate.engine.pipeline import make_pipeline  # noqa: E402
+from evaluate.models.random_models import RandomModel  # noqa: E402
+from evaluate.models.sources import EmbeddedGGUFModel  # noqa: E402
 
 WORDS = "the grass is green and the sky is blue while the special magic number hides in plain sight ".split()
 
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-sizes", default="1,8,16,32,64")
     parser.add_argument("--baseline-rows", type=int, default=6, help="rows decoded one by one for the baseline")
     parser.add_argument("--out", type=Path, help="also write the table here (Markdown)")
-    shape = "with --random-model: a field of evaluate.random_models.RandomModel (hidden_size=256), repeatable"
+    shape = "with --random-model: a field of evaluate.models.random_models.RandomModel (hidden_size=256), repeatable"
     parser.add_argument("--shape", action="append", default=[], metavar="KEY=VALUE", help=shape)
     args = parser.parse_args(argv)
 

@@ -2,7 +2,7 @@
 
 1. The harness: one ``python -m evaluate -m ...`` multirun; the default launcher loads the model once,
    prefills each context once for every sweep point and decodes every point's questions in one pool
-   (evaluate/pooled.py, decoding.py). It also runs with ``decode_batch_size=1``: one model load, then kvpress's
+   (evaluate/engine/pooled.py, decoding.py). It also runs with ``decode_batch_size=1``: one model load, then kvpress's
    pipeline for each point.
 2. The way kvpress's evaluation runs a sweep: one process per point, each loading the model and running the
    pipeline context by context (``python -m evaluate`` for that single point).
@@ -28,12 +28,12 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-# A random-weight model of Llama-3.1-8B's shape, built on the device by each process (evaluate/random_models.py);
+# A random-weight model of Llama-3.1-8B's shape, built on the device by each process (evaluate/models/random_models.py);
 # shrink it with e.g. --override +model.source.num_hidden_layers=2.
 RANDOM_MODEL = [
     "model=tiny_random",
     "model.name=random-llama-8b",
-    "model.source._target_=evaluate.random_models.RandomModel",
+    "model.source._target_=evaluate.models.random_models.RandomModel",
 ]
 
 
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--random-model",
         action="store_true",
-        help="instead of --model: a random-weight model of Llama-3.1-8B's shape (evaluate/random_models.py)",
+        help="instead of --model: a random-weight model of Llama-3.1-8B's shape (evaluate/models/random_models.py)",
     )
     parser.add_argument(
         "--override",

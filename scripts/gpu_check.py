@@ -45,10 +45,10 @@ PACKAGES = (
     "needlehaystack pressbench"
 ).split()
 IMPORTS = (
-    "evaluate.runner",
-    "evaluate.sweep",
-    "evaluate.decoding",
-    "evaluate.random_models",
+    "evaluate.engine.pipeline",
+    "evaluate.run.entry",
+    "evaluate.engine.decoding",
+    "evaluate.models.random_models",
     "evaluate.benchmarks.ruler_synth",
     "presses.eg_chunkkv",
     "scorers.dropkv",
@@ -155,7 +155,7 @@ def stage_env(args: argparse.Namespace) -> int:
     try:
         from hydra.utils import instantiate
 
-        from evaluate.models import build_tiny_tokenizer
+        from evaluate.models.sources import build_tiny_tokenizer
         from tests.support import compose_config
 
         tokenizer = build_tiny_tokenizer()
@@ -384,8 +384,8 @@ def check_budgets(device: str, scratch: Path, smoke: bool) -> tuple[str, str]:
     """Every press x scorer keeps its budget in every layer (tests/test_presses.py's check) on the device."""
     from hydra.utils import instantiate
 
-    from evaluate.cost import measure_kept_ratio
-    from evaluate.models import TinyRandomModel
+    from evaluate.engine.cost import measure_kept_ratio
+    from evaluate.models.sources import TinyRandomModel
     from tests.support import compose_config, kept_bounds
 
     presses, scorers, cases = test_grid()
@@ -419,7 +419,7 @@ def check_eg_real_prefill(device: str, scratch: Path) -> tuple[str, str]:
     import torch
     from hydra.utils import instantiate
 
-    from evaluate.models import TinyRandomModel
+    from evaluate.models.sources import TinyRandomModel
     from tests.support import compose_config
 
     _, scorers, _ = test_grid()
@@ -468,8 +468,8 @@ def check_prefill_probe(device: str) -> tuple[str, str]:
     import torch
     from transformers import DynamicCache
 
-    from evaluate.models import TinyRandomModel
-    from evaluate.runner import PrefillProbe
+    from evaluate.engine.pipeline import PrefillProbe
+    from evaluate.models.sources import TinyRandomModel
 
     model = TinyRandomModel().load_model(device, "float32", "sdpa")
     probe = PrefillProbe(model)
@@ -511,12 +511,12 @@ def ids_tokenizer(tokenizer):
 
 
 def check_batched_decoding(device: str, dtype: str, smoke: bool) -> tuple[str, str]:
-    """evaluate/decoding.py's pool against kvpress's pipeline one question at a time (tests/test_decoding.py's rows:
+    """evaluate/engine/decoding.py's pool against kvpress's pipeline one question at a time (tests/test_decoding.py's rows:
     caches of five presses, uneven ChunkKV layers, AdaKV masks, three question lengths and budgets)."""
-    from evaluate.decoding import decode_all
-    from evaluate.layer_masks import fit_masks_to_layers
-    from evaluate.models import TinyRandomModel
-    from evaluate.runner import make_pipeline
+    from evaluate.engine.decoding import decode_all
+    from evaluate.engine.layer_masks import fit_masks_to_layers
+    from evaluate.engine.pipeline import make_pipeline
+    from evaluate.models.sources import TinyRandomModel
     from tests.test_decoding import pipeline_tokens, requests_over_points
 
     results = []
@@ -550,9 +550,10 @@ def sweep_points() -> list[tuple[str, ...]]:
 
 def check_sweep(device: str, dtype: str, scratch: Path, smoke: bool) -> tuple[str, str]:
     """A sweep's shared prefill + batched decoding against one pipeline run per point (tests/test_sweep.py)."""
-    from evaluate import rundir, sweep
-    from evaluate.config import run_dir
-    from evaluate.models import TinyRandomModel
+    from evaluate import rundir
+    from evaluate.models.sources import TinyRandomModel
+    from evaluate.run import entry as sweep
+    from evaluate.spec.config import run_dir
     from tests.support import compose_config, with_shared_context
 
     original = TinyRandomModel.load_tokenizer
@@ -682,7 +683,7 @@ def stage_throughput(args: argparse.Namespace) -> int:
     import torch
     from transformers import DynamicCache
 
-    from evaluate.random_models import RandomModel
+    from evaluate.models.random_models import RandomModel
 
     device = args.device
     is_cuda = device.startswith("cuda")

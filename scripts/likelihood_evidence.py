@@ -29,7 +29,7 @@ import pandas as pd
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from evaluate.results.tables import markdown_table  # noqa: E402
+from evaluate.report.tables import markdown_table  # noqa: E402
 
 
 def timed(command: list[str]) -> tuple[float, str]:
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
         if not record.exists() or json.loads(record.read_text())["command"] != sweep:
             wall, printed = timed(sweep)
             wall += timed([*python, *common, "press=none", *extra, f"output_dir={out}"])[0]
-            # The table the sweep ends with (evaluate/summary.py), as the README shows it.
+            # The table the sweep ends with (evaluate/run/summary.py), as the README shows it.
             table = printed[printed.rindex("sweep of ") :]
             record.write_text(json.dumps({"command": sweep, "wall": wall, "table": table}))
         finished = json.loads(record.read_text())

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from evaluate import rundir
-from evaluate.config import run_dir
-from evaluate.repair import repair
-from evaluate.results.runs import collect_runs
-from evaluate.sweep import run
+from evaluate.report.runs import collect_runs
+from evaluate.run.entry import run
+from evaluate.run.repair import repair
+from evaluate.spec.config import run_dir
 from tests.support import compose_config, with_shared_context
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,7 +41,7 @@ def test_a_damaged_middle_line_is_refused_naming_file_and_line_and_the_file_is_u
         run(with_shared_context(compose_config(tmp_path, *RUN)))
     assert str(refused.value) == (
         f"{predictions}:4 is not a prediction row (Unterminated string starting at); the file is left as it is. "
-        f"Move the damaged lines aside with python -m evaluate.repair {out}, then rerun to answer their samples again"
+        f"Move the damaged lines aside with python -m evaluate.run.repair {out}, then rerun to answer their samples again"
     )
     assert refused.value.line == 4
     assert predictions.read_bytes() == damaged
@@ -86,7 +86,7 @@ def test_rescoring_a_damaged_run_is_refused_in_one_line_and_metrics_stay(tmp_pat
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
         f"error: {out / rundir.PREDICTIONS}:3 is not a prediction row (Unterminated string starting at); the file "
-        f"is left as it is. Move the damaged lines aside with python -m evaluate.repair {out}, then rerun to answer "
+        f"is left as it is. Move the damaged lines aside with python -m evaluate.run.repair {out}, then rerun to answer "
         "their samples again"
     ]
     assert (out / rundir.METRICS).read_bytes() == metrics

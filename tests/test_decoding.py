@@ -9,10 +9,10 @@ import torch
 from kvpress import AdaKVPress, ChunkKVPress, KnormPress, SnapKVPress
 from transformers import DynamicCache
 
-from evaluate.decoding import DecodeRequest, DecodingPool, decode_all, hidden_keys
-from evaluate.layer_masks import fit_masks_to_layers
-from evaluate.models import TinyRandomModel
-from evaluate.runner import make_pipeline
+from evaluate.engine.decoding import DecodeRequest, DecodingPool, decode_all, hidden_keys
+from evaluate.engine.layer_masks import fit_masks_to_layers
+from evaluate.engine.pipeline import make_pipeline
+from evaluate.models.sources import TinyRandomModel
 
 CONTEXT = "Document 7. The grass is green and the sky is blue. The special magic number is 4242. " * 12
 QUESTIONS = ["What is the magic number? ", "Which number is the magic one? ", "Q? "]

@@ -56,9 +56,9 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_import_graph_is_read_from_every_module():
     graph = import_graph()
-    assert {"evaluate.report", "evaluate.results.frame", "presses.eg_chunkkv", "scorers.dropkv"} <= set(graph)
+    assert {"evaluate.report", "evaluate.report.frame", "presses.eg_chunkkv", "scorers.dropkv"} <= set(graph)
     # `from evaluate import rundir` names the module, `from evaluate.benchmarks import Sample` the package.
-    assert {"evaluate.rundir", "evaluate.benchmarks"} <= graph["evaluate.results.runs"]
+    assert {"evaluate.rundir", "evaluate.benchmarks"} <= graph["evaluate.report.runs"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
 
 
@@ -68,8 +68,8 @@ def test_no_import_cycle_in_evaluate_presses_and_scorers():
 
 def test_nothing_imports_the_command_lines_and_results_never_import_their_consumers():
     graph = import_graph()
-    entry_points = {"evaluate.report", "evaluate.leaderboard", "evaluate.__main__"}
+    entry_points = {"evaluate.report", "evaluate.report.leaderboard", "evaluate.__main__"}
     assert not {module for module, targets in graph.items() if targets & entry_points}
-    consumers = {*entry_points, "evaluate.plots", "evaluate.tracking"}
+    consumers = {*entry_points, "evaluate.report.plots", "evaluate.run.tracking"}
     results = {module: targets for module, targets in graph.items() if module.startswith("evaluate.results")}
     assert all(not targets & consumers for targets in results.values())

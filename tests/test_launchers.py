@@ -16,8 +16,8 @@ from hydra.core.utils import JobStatus
 from submitit.core.utils import DelayedSubmission
 
 from evaluate import rundir
-from evaluate.config import run_dir
-from evaluate.sweep import run
+from evaluate.run.entry import run
+from evaluate.spec.config import run_dir
 from hydra_plugins.pressbench_gpus_launcher.gpus_launcher import _outcomes, _Worker, partition, visible_gpus
 from tests.support import SharedContextBenchmark, compose_config
 

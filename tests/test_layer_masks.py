@@ -9,9 +9,9 @@ import torch
 from kvpress import ChunkKVPress, KnormPress, SnapKVPress
 from transformers import AttentionInterface, DynamicCache
 
-from evaluate.layer_masks import fit_masks_to_layers
-from evaluate.models import TinyRandomModel
-from evaluate.runner import make_pipeline
+from evaluate.engine.layer_masks import fit_masks_to_layers
+from evaluate.engine.pipeline import make_pipeline
+from evaluate.models.sources import TinyRandomModel
 
 
 def brute_force_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):

@@ -7,11 +7,11 @@ import json
 import pytest
 import yaml
 
-from evaluate import leaderboard
 from evaluate.benchmarks.ruler import TASKS as RULER_TASKS
-from evaluate.leaderboard import main
-from evaluate.likelihood import FIELDS as LIKELIHOOD_FIELDS
-from evaluate.results.runs import collect_runs
+from evaluate.engine.likelihood import FIELDS as LIKELIHOOD_FIELDS
+from evaluate.report import leaderboard
+from evaluate.report.leaderboard import main
+from evaluate.report.runs import collect_runs
 from tests.fixtures.runs.builder import ruler_benchmark, uniform, write_run
 
 QWEN = "Qwen/Qwen3-8B"

@@ -22,10 +22,10 @@ from evaluate.benchmarks.longbench_e import (
     sample_score,
     score_predictions,
 )
-from evaluate.config import ConfigError, run_dir
-from evaluate.likelihood import likelihood_metrics
-from evaluate.score import main as score_main
-from evaluate.sweep import run
+from evaluate.engine.likelihood import likelihood_metrics
+from evaluate.run.entry import run
+from evaluate.score.rescore import main as score_main
+from evaluate.spec.config import ConfigError, run_dir
 from tests.support import compose_config
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

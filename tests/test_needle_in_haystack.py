@@ -18,7 +18,7 @@ import pytest
 import yaml
 from hydra.utils import instantiate
 
-from evaluate import rundir, sweep
+from evaluate import rundir
 from evaluate.benchmarks.needle_in_haystack import (
     CONTEXT_WRAPPER,
     NEEDLEHAYSTACK_ROW,
@@ -28,14 +28,15 @@ from evaluate.benchmarks.needle_in_haystack import (
     score_predictions,
     task_name,
 )
-from evaluate.config import ConfigError, run_dir
-from evaluate.plots import needle_benchmarks, needle_grids, plot_needle_heatmap
-from evaluate.report import main as report_main
-from evaluate.results.report import build_report
-from evaluate.results.runs import collect_runs
-from evaluate.runner import Models
-from evaluate.score import main as score_main
-from evaluate.score import rescore_run
+from evaluate.engine.pipeline import Models
+from evaluate.report.build import build_report
+from evaluate.report.cli import main as report_main
+from evaluate.report.plots import needle_benchmarks, needle_grids, plot_needle_heatmap
+from evaluate.report.runs import collect_runs
+from evaluate.run import entry as sweep
+from evaluate.score.rescore import main as score_main
+from evaluate.score.rescore import rescore_run
+from evaluate.spec.config import ConfigError, run_dir
 from tests.fixtures.runs.builder import write_run
 from tests.support import compose_config
 

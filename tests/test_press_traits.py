@@ -9,10 +9,10 @@ from kvpress import KnormPress
 from omegaconf import OmegaConf
 
 from evaluate import rundir
-from evaluate.config import ConfigError, compresses, run_dir
-from evaluate.press_traits import needs_non_eager, why_not_shared_prefill
 from evaluate.registry import PRESS_REGISTRY
-from evaluate.sweep import run, run_sweep
+from evaluate.run.entry import run, run_sweep
+from evaluate.spec.config import ConfigError, compresses, run_dir
+from evaluate.spec.press_traits import needs_non_eager, why_not_shared_prefill
 from tests.support import CONF_DIR, compose_config, with_shared_context
 
 # Registry entries whose whole effect is the compress call after each layer's attention.
@@ -61,7 +61,7 @@ def test_an_unknown_press_takes_the_pipeline_path_with_a_logged_reason(tmp_path,
 
     hooked = config(tmp_path / "sweep", f"{__name__}.HookedKnormPress")
     others = [with_shared_context(compose_config(tmp_path / "sweep", "press=none"))]
-    with caplog.at_level(logging.INFO, logger="evaluate.sweep"):
+    with caplog.at_level(logging.INFO, logger="evaluate.run.entry"):
         run_sweep([hooked, *others])
     assert "HookedKnormPress overrides BasePress.forward_hook" in caplog.text
     alone = config(tmp_path / "alone", f"{__name__}.HookedKnormPress")

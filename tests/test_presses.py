@@ -13,10 +13,10 @@ from kvpress.presses.scorer_press import ScorerPress
 from kvpress.utils import compute_n_kept
 from transformers import DynamicCache
 
-from evaluate.config import run_name
-from evaluate.cost import measure_kept_ratio
-from evaluate.layer_masks import fit_masks_to_layers
-from evaluate.models import TinyRandomModel
+from evaluate.engine.cost import measure_kept_ratio
+from evaluate.engine.layer_masks import fit_masks_to_layers
+from evaluate.models.sources import TinyRandomModel
+from evaluate.spec.config import run_name
 from presses.eg_chunkkv import EntropyGatedChunkKVPress
 from tests.support import CONF_DIR, compose_config, kept_bounds
 

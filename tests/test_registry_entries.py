@@ -16,13 +16,13 @@ import pytest
 from kvpress import DecodingPress
 
 from evaluate import rundir
-from evaluate.config import ConfigError, method_name, result_config, run_dir
-from evaluate.leaderboard import leaderboard_method
-from evaluate.models import TinyRandomModel
-from evaluate.press_traits import downloads, kvpress_defect, needs_eager, needs_query_aware
+from evaluate.models.sources import TinyRandomModel
 from evaluate.registry import PRESS_REGISTRY, build, knobs_read
-from evaluate.results.runs import collect_runs
-from evaluate.sweep import run, run_sweep
+from evaluate.report.leaderboard import leaderboard_method
+from evaluate.report.runs import collect_runs
+from evaluate.run.entry import run, run_sweep
+from evaluate.spec.config import ConfigError, method_name, result_config, run_dir
+from evaluate.spec.press_traits import downloads, kvpress_defect, needs_eager, needs_query_aware
 from tests.kvpress_reference import UNEVEN_LAYERS, kvpress_predictions, ruler_rows, set_runner_knobs
 from tests.support import compose_config
 

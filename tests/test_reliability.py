@@ -17,11 +17,11 @@ from kvpress import KnormPress
 
 from evaluate import rundir
 from evaluate.benchmarks import Sample
-from evaluate.config import ConfigError, run_dir
-from evaluate.models import TinyRandomModel
-from evaluate.plan import check_samples, select_fraction, truncate
-from evaluate.summary import sweep_summary
-from evaluate.sweep import run, run_sweep
+from evaluate.models.sources import TinyRandomModel
+from evaluate.run.entry import run, run_sweep
+from evaluate.run.summary import sweep_summary
+from evaluate.spec.config import ConfigError, run_dir
+from evaluate.spec.plan import check_samples, select_fraction, truncate
 from tests.support import SharedContextBenchmark, compose_config, with_shared_context
 
 REPO = Path(__file__).resolve().parent.parent
@@ -356,7 +356,7 @@ def test_a_scorer_that_needs_eager_attention_is_refused_under_sdpa(tmp_path, mon
 
 
 def test_an_architecture_kvpress_does_not_patch_is_warned_about(caplog):
-    from evaluate.runner import warn_if_unpatched
+    from evaluate.engine.pipeline import warn_if_unpatched
 
     warn_if_unpatched(object())
     assert "not an architecture kvpress patches" in caplog.text

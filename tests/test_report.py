@@ -20,14 +20,14 @@ from evaluate.benchmarks.loogle import Loogle
 from evaluate.benchmarks.ruler import TASKS as RULER_TASKS
 from evaluate.benchmarks.ruler import Ruler
 from evaluate.benchmarks.ruler_synth import RulerSynth
-from evaluate.bootstrap import Decomposition, difference_interval, headline_interval, mean_interval
-from evaluate.plots import plot_benchmark
-from evaluate.report import main
-from evaluate.results.compare import load_references
-from evaluate.results.differences import Effect, diff_table, load_effects
-from evaluate.results.frame import runs_frame
-from evaluate.results.report import build_report
-from evaluate.results.runs import collect_runs
+from evaluate.report.build import build_report
+from evaluate.report.cli import main
+from evaluate.report.compare import load_references
+from evaluate.report.differences import Effect, diff_table, load_effects
+from evaluate.report.frame import runs_frame
+from evaluate.report.plots import plot_benchmark
+from evaluate.report.runs import collect_runs
+from evaluate.score.bootstrap import Decomposition, difference_interval, headline_interval, mean_interval
 from tests.fixtures.runs.builder import LLAMA, ruler_benchmark, uniform, write_run
 
 # eg_chunkkv_snapkv at cr 0.9: the first six tasks all right, the other seven half right.

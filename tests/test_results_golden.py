@@ -1,4 +1,4 @@
-"""Golden files: what ``python -m evaluate.report`` and ``python -m evaluate.leaderboard`` write, byte for byte.
+"""Golden files: what ``python -m evaluate.report`` and ``python -m evaluate.report.leaderboard`` write, byte for byte.
 
 Each scenario writes finished runs with tests/fixtures/runs/builder.py, runs the command line and compares every
 file it writes, its printed page, the data each plot draws (the calls made on matplotlib's axes) and what the
@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 import yaml
 
-from evaluate import leaderboard, report
+from evaluate.report import cli as report
+from evaluate.report import leaderboard
 from tests.fixtures.runs.builder import LLAMA, ruler_benchmark, uniform, write_run
 
 GOLDEN = Path(__file__).parent / "fixtures" / "golden"

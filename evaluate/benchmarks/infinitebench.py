@@ -76,7 +76,7 @@ from typing import ClassVar
 from evaluate.benchmarks import Benchmark, Sample, Source
 from evaluate.benchmarks.longbench import qa_f1_score
 from evaluate.benchmarks.sources import first_rows, kvpress_sample, require_columns, rows_by_task
-from evaluate.config import ConfigError
+from evaluate.spec.config import ConfigError
 
 TASKS: tuple[str, ...] = (
     "passkey",

@@ -43,7 +43,7 @@ from typing import ClassVar
 
 from evaluate.benchmarks import Benchmark, Sample, Source
 from evaluate.benchmarks.sources import first_rows, require_columns, rows_by_task
-from evaluate.config import ConfigError
+from evaluate.spec.config import ConfigError
 
 CATEGORIES: dict[str, tuple[str, ...]] = {
     "Single-Document QA": ("narrativeqa", "qasper", "multifieldqa_en"),

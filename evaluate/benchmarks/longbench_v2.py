@@ -33,7 +33,7 @@ from evaluate.benchmarks.sources import (
     require_columns,
     split_rows,
 )
-from evaluate.config import ConfigError
+from evaluate.spec.config import ConfigError
 
 TASKS: tuple[str, ...] = ("short", "medium", "long")
 DIFFICULTIES: tuple[str, ...] = ("easy", "hard")

@@ -38,7 +38,7 @@ from typing import ClassVar
 
 from evaluate.benchmarks import Benchmark, Sample, Source
 from evaluate.benchmarks.sources import first_rows, kvpress_sample, require_columns, rows_by_task
-from evaluate.config import ConfigError
+from evaluate.spec.config import ConfigError
 
 TEXT_TASKS: tuple[str, ...] = ("shortdep_qa", "longdep_qa", "longdep_summarization")
 CLOZE_TASK = "shortdep_cloze"

@@ -47,7 +47,7 @@ from typing import Any, ClassVar
 
 from evaluate.benchmarks import Benchmark, Sample, Source
 from evaluate.benchmarks.sources import require_columns, split_rows
-from evaluate.config import ConfigError
+from evaluate.spec.config import ConfigError
 
 logger = logging.getLogger(__name__)
 

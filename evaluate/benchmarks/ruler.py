@@ -23,7 +23,7 @@ from evaluate.benchmarks.sources import (
     require_columns,
     split_rows,
 )
-from evaluate.config import ConfigError
+from evaluate.spec.config import ConfigError
 
 _CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f]")
 

@@ -1,7 +1,7 @@
 """Where benchmark rows come from: a Hugging Face hub dataset, or local files holding the same columns.
 
 Hub datasets are read as kvpress reads them, ``datasets.load_dataset(name, data_dir=..., split=...)``; an unreachable
-hub (offline mode, no network) becomes a :class:`~evaluate.config.ConfigError` that names the dataset and says how
+hub (offline mode, no network) becomes a :class:`~evaluate.spec.config.ConfigError` that names the dataset and says how
 to point ``benchmark.path`` at local files, raised before any model is loaded.
 
 A local source (``benchmark.path``) is one of:
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from evaluate.benchmarks import Sample
-from evaluate.config import ConfigError
+from evaluate.spec.config import ConfigError
 
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
 

@@ -22,7 +22,7 @@ def main(task_path: str, result_path: str) -> int:
     # Code that asks Hydra about the sweep (wandb groups runs by the sweep folder) sees the parent's sweep.
     HydraConfig.instance().set_config(task["hydra_config"])
     try:
-        from evaluate.sweep import run_sweep
+        from evaluate.run.entry import run_sweep
 
         result = {"metrics": run_sweep([OmegaConf.create(config) for config in task["configs"]])}
     except Exception as error:

@@ -2,7 +2,7 @@
 
 Each worker is a fresh Python process started with ``CUDA_VISIBLE_DEVICES=<its GPU>``, so it sees exactly one
 device, as ``cuda:0``, before anything imports torch (joblib's workers all inherit the parent's devices and all
-land on GPU 0). A worker runs its whole share through ``evaluate.sweep.run_sweep``, which loads each model once
+land on GPU 0). A worker runs its whole share through ``evaluate.run.entry.run_sweep``, which loads each model once
 and shares prefills between compatible points; so jobs of one (model, benchmark) are kept on one worker where the
 balance allows. Without a GPU there is a single worker on the CPU.
 
@@ -116,9 +116,9 @@ class GpusLauncher(Launcher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         # The harness (torch, kvpress) is imported only when a sweep runs: Hydra imports plugins for every command.
-        from evaluate.config import model_key, validate, validate_choices
         from evaluate.errors import ConfigError, refuse
-        from evaluate.schema import typed
+        from evaluate.spec.config import model_key, validate, validate_choices
+        from evaluate.spec.settings import typed
 
         setup_globals()
         assert self.config is not None and self.hydra_context is not None

@@ -1,7 +1,7 @@
 """``hydra/launcher=shared_prefill`` (the default): a sequential multirun as one sweep in this process.
 
 Hydra's basic launcher runs the jobs one after another, each on its own; this launcher composes every job's
-configuration first and hands them all to ``evaluate.sweep.run_sweep``, which loads each model once and
+configuration first and hands them all to ``evaluate.run.entry.run_sweep``, which loads each model once and
 prefills each context once for all the points that can share it.
 """
 
@@ -40,10 +40,10 @@ class SharedPrefillLauncher(Launcher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         # The harness, imported only when a sweep actually runs.
-        from evaluate.config import validate_choices
         from evaluate.errors import ConfigError, refuse
-        from evaluate.summary import interrupted_summary, sweep_summary
-        from evaluate.sweep import run_sweep
+        from evaluate.run.entry import run_sweep
+        from evaluate.run.summary import interrupted_summary, sweep_summary
+        from evaluate.spec.config import validate_choices
 
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)

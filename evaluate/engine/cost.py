@@ -1,0 +1,65 @@
+"""What answering a context cost, beside what it scored: time by phase, forward passes, tokens and KV bytes.
+
+A compression ratio is not the saving a press delivers: masking presses (AdaKV) keep the whole cache and hide
+entries, and some presses (KVzip) run extra passes. So every answered context records the bytes its compressed
+cache physically holds next to the bytes the press counts as kept, and the forward passes that produced it.
+"""
+
+from dataclasses import dataclass, fields
+
+import torch
+from transformers import DynamicCache
+
+
+@dataclass
+class Cost:
+    """The cost of one context's answers (or a run's total, summed over its contexts)."""
+
+    prefill_seconds: float = 0.0
+    compress_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    likelihood_seconds: float = (
+        0.0  # the teacher-forced passes of the likelihood fields (evaluate/engine/likelihood.py)
+    )
+    generated_tokens: int = 0
+    forward_passes: float = 0.0
+    kv_bytes_held: int = 0
+    kv_bytes_kept: int = 0
+
+    @property
+    def seconds(self) -> float:
+        return self.prefill_seconds + self.compress_seconds + self.decode_seconds + self.likelihood_seconds
+
+    def __add__(self, other: "Cost") -> "Cost":
+        return Cost(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+
+
+def _kept_per_head(model: torch.nn.Module, cache: DynamicCache) -> list[torch.Tensor]:
+    """Per layer, the pairs each KV head keeps: its cache length minus what AdaKV masked on the attention module."""
+    kept = []
+    for layer, cache_layer in zip(model.model.layers, cache.layers, strict=True):
+        num_heads, length = cache_layer.keys.shape[1], cache_layer.keys.shape[2]
+        per_head = torch.full((num_heads,), float(length), dtype=torch.float64)
+        masked = getattr(layer.self_attn, "masked_key_indices", None)
+        if masked is not None:
+            batch_indices, head_indices, _ = masked
+            per_head -= torch.bincount(head_indices[batch_indices == 0].cpu(), minlength=num_heads)
+        kept.append(per_head)
+    return kept
+
+
+def measure_kept_ratio(model: torch.nn.Module, cache: DynamicCache, context_length: int) -> float:
+    """KV pairs kept over context length, averaged over layers and KV heads (AdaKV's masked pairs subtracted)."""
+    return float(torch.cat(_kept_per_head(model, cache)).mean() / context_length)
+
+
+def kv_bytes(model: torch.nn.Module, cache: DynamicCache) -> tuple[int, int]:
+    """Bytes the cache holds, and bytes of the pairs the press counts as kept (fewer where it masks)."""
+    held = sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
+    kept = 0
+    for per_head, layer in zip(_kept_per_head(model, cache), cache.layers, strict=True):
+        pair_bytes = (layer.keys.shape[3] * layer.keys.element_size()) + (
+            layer.values.shape[3] * layer.values.element_size()
+        )
+        kept += int(per_head.sum()) * pair_bytes
+    return held, kept

@@ -1,0 +1,132 @@
+"""Quality without generation: how likely the compressed cache makes the reference answer, and how far its
+next-token distributions move from the uncompressed model's.
+
+For one question on one context, the reference answer (``Benchmark.reference_answer``) is teacher-forced after the
+question and the answer prefix, in one forward pass over the cache, at the positions greedy decoding would use
+(kvpress's ``generate_answer``: the question starts at the context's length). Over the answer's tokens:
+
+- ``answer_nll``: the mean negative log-likelihood per token of the reference, on the compressed cache;
+- ``answer_nll_uncompressed``: the same on the context's uncompressed cache;
+- ``answer_kl``: the mean KL(uncompressed ‖ compressed) of the next-token distributions;
+- ``answer_top1``: the share of positions whose most likely token is the same under both.
+
+These are what llama.cpp's ``perplexity --kl-divergence`` reports for quantization, per sample. A teacher-forced
+pass leaves the cache as it found it, as kvpress's pipeline does after each answer.
+
+Where they come from: the uncompressed distributions once per context and question, on the context's
+uncompressed cache (in a sweep that cache is the shared prefill; on kvpress's pipeline path it costs one more
+prefill per context, :func:`reference_log_probs`); the compressed ones once per point, on the cache its press left.
+Both are teacher-forced rows of the decoding pool's machinery (evaluate/engine/decoding.py), one forward pass each, with
+AdaKV's masks carried as in greedy decoding (:func:`teacher_forced` says why one row at a time).
+Presses that compress while decoding (DecodingPress) have no fixed cache to teacher-force, and get no fields
+(``press_traits.why_not_teacher_forced``). ``likelihood=false`` leaves them out; ``generate=false`` computes them
+alone, without greedy decoding (the rows' ``prediction`` is null and the run has no accuracy score).
+"""
+
+from collections import defaultdict
+from collections.abc import Iterable
+
+import torch
+from transformers import DynamicCache
+
+from evaluate.engine.decoding import DecodeRequest, DecodingPool
+
+FIELDS = ("answer_nll", "answer_nll_uncompressed", "answer_kl", "answer_top1")
+
+
+def answer_text(reference: str, answer_prefix: str) -> str:
+    """The reference as the model would write it after the prefix: RULER's prefixes end without the space its
+    answers start with."""
+    return reference if not answer_prefix or answer_prefix[-1].isspace() else " " + reference
+
+
+def answer_ids(tokenizer, reference: str, answer_prefix: str) -> torch.Tensor | None:
+    """The reference's tokens ([1, n]) as teacher-forced after the prefix; None for an empty reference."""
+    ids = tokenizer.encode(answer_text(reference, answer_prefix), add_special_tokens=False) if reference else []
+    return torch.tensor([ids]) if ids else None
+
+
+def reference_log_probs(
+    language_model,
+    model,
+    context_ids: torch.Tensor,
+    questions: list[torch.Tensor],
+    answers: list[torch.Tensor | None],
+) -> tuple[list[torch.Tensor | None], int]:
+    """The uncompressed model's log-probabilities at each question's answer positions: one prefill of the context
+    (``language_model``, the bare decoder, as kvpress's pipeline runs it), then :func:`teacher_forced`."""
+    cache = DynamicCache()
+    with torch.no_grad():
+        language_model(input_ids=context_ids, past_key_values=cache)
+    log_probs, passes = teacher_forced(model, cache, (), questions, answers, context_ids.shape[1])
+    return log_probs, passes + 1
+
+
+def teacher_forced(
+    model,
+    cache: DynamicCache,
+    hidden: tuple,
+    questions: list[torch.Tensor],
+    answers: list[torch.Tensor | None],
+    context_length: int,
+) -> tuple[list[torch.Tensor | None], int]:
+    """Log-probabilities (float32, [answer tokens, vocabulary]) of each answer's tokens after its question on
+    ``cache`` (with the keys ``hidden`` masks hidden), None where there is no answer.
+
+    Each row is teacher-forced by the decoding pool's machinery (which carries AdaKV's masks) in a forward pass of
+    its own: batched with other rows, its float32 sums would be rounded in another order, so its fields would
+    depend on what else the run holds. Alone, they depend on its cache, question and answer only, and a sweep, a
+    separate run, a resumed or repaired one and kvpress's pipeline path all give them bit for bit (in one
+    process; docs/metrics.md says where two processes were seen to differ). Also returns the forward passes made.
+    """
+    log_probs: list[torch.Tensor | None] = [None] * len(questions)
+
+    def receiver(index: int):
+        return lambda result, cost: log_probs.__setitem__(index, result)
+
+    pool = DecodingPool(model, batch_size=1, memory_bytes=2**62)  # one slot: one row at a time
+    for index, (question, answer) in enumerate(zip(questions, answers, strict=True)):
+        if answer is not None:
+            pool.submit(DecodeRequest(cache, question, context_length, 0, receiver(index), hidden, answer))
+    while pool.busy():
+        pool.step()
+    return log_probs, pool.forward_passes
+
+
+def likelihood_fields(compressed: torch.Tensor, uncompressed: torch.Tensor, answer_ids: torch.Tensor) -> dict:
+    """The four fields of one sample, from the two log-probability tensors of :func:`teacher_forced`."""
+    targets = answer_ids.reshape(-1, 1).to(compressed.device)
+    kl = torch.sum(uncompressed.exp() * (uncompressed - compressed), dim=-1)
+    return {
+        "answer_nll": -compressed.gather(-1, targets).mean().item(),
+        "answer_nll_uncompressed": -uncompressed.gather(-1, targets).mean().item(),
+        # Rounding leaves tiny negative values where the distributions agree; KL is never below zero.
+        "answer_kl": kl.clamp(min=0).mean().item(),
+        "answer_top1": int((compressed.argmax(-1) == uncompressed.argmax(-1)).sum()) / len(targets),
+    }
+
+
+def row_fields(row: dict) -> dict[str, float] | None:
+    """A prediction row's likelihood fields, or None when the row has none (not computed, or the sample failed)."""
+    if row.get("error") or any(row.get(name) is None for name in FIELDS):
+        return None
+    return {name: float(row[name]) for name in FIELDS}
+
+
+def likelihood_metrics(rows: Iterable[dict]) -> dict | None:
+    """metrics.json's ``likelihood``: each field's mean per task and, as the headline, the unweighted mean of the
+    task means (as the benchmarks' headlines weigh tasks); ``n`` counts the rows that have the fields. None when no
+    row has them."""
+    by_task: dict[str, list[dict[str, float]]] = defaultdict(list)
+    for row in rows:
+        fields = row_fields(row)
+        if fields is not None:
+            by_task[row["task"]].append(fields)
+    if not by_task:
+        return None
+    tasks = {
+        task: {**{name: sum(f[name] for f in values) / len(values) for name in FIELDS}, "n": len(values)}
+        for task, values in sorted(by_task.items())
+    }
+    headline = {name: sum(task[name] for task in tasks.values()) / len(tasks) for name in FIELDS}
+    return {**headline, "n": sum(task["n"] for task in tasks.values()), "tasks": tasks}

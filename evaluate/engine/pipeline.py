@@ -1,0 +1,286 @@
+"""kvpress's pipeline path: each context group of a planned run answered by ``KVPressTextGenerationPipeline``.
+
+Samples that share a context (and answer prefix and generation length) are answered from one compressed cache
+with ``questions=``, exactly as kvpress's evaluation runs them. Also here: loading models (with attention masks
+fitted per layer) and the context budget both engines apply.
+"""
+
+import logging
+import time
+from contextlib import contextmanager
+
+import torch
+from huggingface_hub.errors import HFValidationError
+from tqdm.auto import tqdm
+from transformers import DynamicCache
+
+from evaluate.benchmarks import Sample
+from evaluate.engine.cost import Cost, kv_bytes, measure_kept_ratio
+from evaluate.engine.decoding import hidden_keys
+from evaluate.engine.layer_masks import fit_masks_to_layers
+from evaluate.engine.likelihood import likelihood_fields, reference_log_probs, teacher_forced
+from evaluate.run.recorder import Recorder
+from evaluate.spec.config import ConfigError
+from evaluate.spec.plan import Plan
+
+logger = logging.getLogger(__name__)
+
+
+@contextmanager
+def chat_template_enabled(tokenizer, enabled: bool):
+    """kvpress's pipeline applies the tokenizer's chat template whenever it has one; a raw prompt hides it."""
+    if enabled:
+        yield
+        return
+    template, tokenizer.chat_template = tokenizer.chat_template, None
+    try:
+        yield
+    finally:
+        tokenizer.chat_template = template
+
+
+class PrefillProbe:
+    """Times the prefill pass, records the context length the pipeline actually fed the model, and counts passes.
+
+    kvpress's pipeline runs the prefill as one call of the bare decoder (``model.model``) before any decoding step,
+    so the first such call after ``reset`` is the prefill. Every call of the bare decoder is a forward pass (KVzip's
+    reconstruction passes included); every call of the language-model head's forward generates one token.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        self._synchronize = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
+        self._handles = [
+            model.model.register_forward_pre_hook(self._before, with_kwargs=True),
+            model.model.register_forward_hook(self._after, with_kwargs=True),
+            model.register_forward_pre_hook(self._generates),
+        ]
+        self.reset()
+
+    def reset(self) -> None:
+        self.context_length: int | None = None
+        self.seconds = 0.0
+        self.forward_passes = 0
+        self.generated_tokens = 0
+        self._start: float | None = None
+
+    def _before(self, module, args, kwargs):
+        self.forward_passes += 1
+        if self.context_length is None:
+            self.context_length = kwargs["input_ids"].shape[1]
+            self._synchronize()
+            self._start = time.perf_counter()
+
+    def _after(self, module, args, kwargs, output):
+        if self._start is not None:
+            self._synchronize()
+            self.seconds = time.perf_counter() - self._start
+            self._start = None
+
+    def _generates(self, module, args):
+        self.generated_tokens += 1
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+def warn_if_unpatched(model) -> None:
+    from kvpress import SUPPORTED_MODELS
+
+    if not isinstance(model, SUPPORTED_MODELS):
+        supported = ", ".join(cls.__name__ for cls in SUPPORTED_MODELS)
+        logger.warning(
+            "%s is not an architecture kvpress patches and tests (%s): compression may be silently wrong",
+            type(model).__name__,
+            supported,
+        )
+
+
+class Models:
+    """The tokenizer and model last loaded, so that a sweep loads each model once; one per sweep, not a global."""
+
+    def __init__(self):
+        self._loaded: dict[str, tuple[tuple, object]] = {}
+
+    def _reuse(self, kind: str, key: tuple, load):
+        if kind in self._loaded and self._loaded[kind][0] == key:
+            return self._loaded[kind][1]
+        self._loaded.pop(kind, None)
+        if kind == "model" and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        try:
+            value = load()
+        except (OSError, HFValidationError) as error:
+            # transformers reports a missing directory or an unreachable hub id as a bare OSError, and a name that
+            # is neither a directory nor a valid hub id as a validation error.
+            raise ConfigError(
+                f"the {kind} of {key[0]} could not be loaded ({str(error).splitlines()[0]}); point the model's "
+                "name_or_path at a local directory holding config.json, or at a hub id this machine can download"
+            ) from error
+        self._loaded[kind] = (key, value)
+        return value
+
+    def tokenizer(self, source):
+        return self._reuse("tokenizer", (repr(source),), source.load_tokenizer)
+
+    def model(self, plan: Plan):
+        """The plan's model, with attention masks fitted to each layer's cache (kvpress's ChunkKV leaves uneven
+        layers)."""
+
+        def load():
+            model = plan.source.load_model(plan.device, plan.cfg.dtype, plan.attention)
+            fit_masks_to_layers(model)
+            return model
+
+        return self._reuse("model", (repr(plan.source), plan.device, plan.cfg.dtype, plan.attention), load)
+
+
+def pipeline_max_context_length(tokenizer) -> int:
+    """kvpress's pipeline's budget when none is given."""
+    return min(tokenizer.model_max_length, int(1e10))
+
+
+def templated_context_length(pipe, tokenizer):
+    """Token count of a text as the pipeline's context (chat template applied or not), memoized per text."""
+    lengths: dict[tuple[str, bool], int] = {}
+
+    def length(text: str, chat_template: bool) -> int:
+        if (text, chat_template) not in lengths:
+            with chat_template_enabled(tokenizer, chat_template):
+                context_ids = pipe.preprocess(text, [""], "", int(1e10))["context_ids"]
+            lengths[text, chat_template] = context_ids.shape[1]
+        return lengths[text, chat_template]
+
+    return length
+
+
+def context_budget(plan: Plan, model, tokenizer) -> tuple[int, int]:
+    """The context budget in tokens, and how many of the plan's samples exceed it (logged).
+
+    ``truncation=pipeline`` (kvpress's rule): the pipeline cuts the chat-templated context (with the question
+    appended in query-aware runs) at ``max_context_length``, else at the tokenizer's ``model_max_length``.
+    ``head``/``middle``: the harness cuts the raw context at ``max_context_length``, else at the model's
+    ``max_position_embeddings``, before the pipeline sees it.
+    """
+    cfg = plan.cfg
+    if cfg.truncation == "pipeline":
+        budget = cfg.max_context_length or pipeline_max_context_length(tokenizer)
+        length = templated_context_length(make_pipeline(model, tokenizer, plan.device), tokenizer)
+
+        def may_exceed(sample: Sample) -> bool:
+            # Counting exactly tokenizes a context again; only one that cannot fit with room to spare needs it: its
+            # raw tokens, the template's, its question's UTF-8 bytes (no token is shorter than a byte) and a slack
+            # for merges across the joins.
+            question = len(sample.question.encode("utf-8")) if cfg.query_aware else 0
+            return plan.context_tokens[sample.context] + length("", sample.chat_template) + question + 16 > budget
+
+        truncated = sum(
+            may_exceed(sample) and length(plan.compressed_text(sample), sample.chat_template) > budget
+            for sample in plan.samples
+        )
+    else:
+        budget = cfg.max_context_length or model.config.max_position_embeddings
+        truncated = sum(plan.context_tokens[sample.context] > budget for sample in plan.samples)
+    if truncated:
+        logger.warning(
+            "%d of %d samples have contexts longer than %d tokens and are truncated (truncation=%s)",
+            truncated,
+            len(plan.samples),
+            budget,
+            cfg.truncation,
+        )
+    return budget, truncated
+
+
+def pipeline_budget(plan: Plan, tokenizer, budget: int) -> int:
+    """The ``max_context_length`` handed to kvpress's pipeline (its default when the harness cut the context)."""
+    return budget if plan.cfg.truncation == "pipeline" else pipeline_max_context_length(tokenizer)
+
+
+def make_pipeline(model, tokenizer, device: str):
+    from kvpress import KVPressTextGenerationPipeline  # imported late: kvpress patches attention globally
+
+    return KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer, device=torch.device(device))
+
+
+def answer_with_pipeline(recorder: Recorder, model, tokenizer, budget: int) -> None:
+    """Each context group through kvpress's pipeline, the press hooked into the prefill."""
+    plan = recorder.plan
+    pipe = make_pipeline(model, tokenizer, plan.device)
+    probe = PrefillProbe(model)
+    # kvpress's runner seeds once before its run: a press drawing random numbers (RandomPress, Compactor's sketch)
+    # draws the same ones here.
+    torch.manual_seed(plan.cfg.seed)
+    progress = tqdm(
+        total=len(plan.samples), initial=len(recorder.done_ids), unit="sample", desc=plan.out.name, dynamic_ncols=True
+    )
+    try:
+        for group in plan.groups():
+            context = plan.context(group[0], tokenizer, budget)
+            probe.reset()
+            group_start = time.perf_counter()
+            cache = DynamicCache()
+            text = plan.compressed_text(group[0], context)
+            questions = ["" if plan.cfg.query_aware else sample.question for sample in group]
+            max_context_length = pipeline_budget(plan, tokenizer, budget)
+            likelihood = None
+            try:
+                with chat_template_enabled(tokenizer, group[0].chat_template):
+                    answers = pipe(
+                        text,
+                        questions=questions,
+                        answer_prefix=group[0].answer_prefix,
+                        press=plan.press,
+                        # generate=false: the pipeline's one token per question is its shortest way to the cache.
+                        max_new_tokens=group[0].max_new_tokens if plan.cfg.generate else 1,
+                        max_context_length=max_context_length,
+                        cache=cache,
+                    )["answers"]
+                outcome = answers, measure_kept_ratio(model, cache, probe.context_length), probe.context_length, None
+                if not plan.cfg.generate:
+                    outcome = ([None] * len(group), *outcome[1:])
+                held, kept = kv_bytes(model, cache)
+            except Exception as failure:
+                outcome = recorder.fail(group, failure)
+                held = kept = 0
+            # The press compresses inside the prefill pass: its time is the prefill's here.
+            cost = Cost(
+                prefill_seconds=probe.seconds,
+                decode_seconds=time.perf_counter() - group_start - probe.seconds,
+                generated_tokens=probe.generated_tokens,
+                forward_passes=probe.forward_passes,
+                kv_bytes_held=held,
+                kv_bytes_kept=kept,
+            )
+            if plan.likelihood and outcome[-1] is None:
+                start, passes = time.perf_counter(), probe.forward_passes
+                try:
+                    with chat_template_enabled(tokenizer, group[0].chat_template):
+                        inputs = pipe.preprocess(text, questions, group[0].answer_prefix, max_context_length)
+                    likelihood = pipeline_likelihood(model, plan, tokenizer, group, cache, inputs)
+                except Exception as failure:  # as on the pool's path: the group fails, named, and the run goes on
+                    outcome, likelihood = recorder.fail(group, failure), None
+                cost.likelihood_seconds = time.perf_counter() - start
+                cost.forward_passes += probe.forward_passes - passes
+            recorder.record(group, *outcome, cost, likelihood)
+            progress.update(len(group))
+    finally:
+        progress.close()
+        probe.close()
+
+
+def pipeline_likelihood(
+    model, plan: Plan, tokenizer, group: list[Sample], cache: DynamicCache, inputs: dict
+) -> list[dict]:
+    """Each sample's likelihood fields on the cache kvpress's pipeline left (AdaKV's masks are still on the
+    modules), against one more prefill of the context without the press."""
+    context_ids = inputs["context_ids"].to(model.device)
+    questions = inputs["questions_ids"]
+    answers = [plan.answer_ids(sample, tokenizer) for sample in group]
+    hidden = hidden_keys([layer.self_attn for layer in model.model.layers])
+    compressed, _ = teacher_forced(model, cache, hidden, questions, answers, context_ids.shape[1])
+    reference, _ = reference_log_probs(model.model, model, context_ids, questions, answers)
+    return [
+        {} if answer is None else likelihood_fields(mine, theirs, answer)
+        for mine, theirs, answer in zip(compressed, reference, answers, strict=True)
+    ]

@@ -1,0 +1,3 @@
+from evaluate.report.cli import main
+
+main()

@@ -1,0 +1,81 @@
+"""A report: every table of a set of finished runs, written as Markdown and CSV files and as one page."""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from evaluate import rundir
+from evaluate.report.compare import compare_tables, load_references
+from evaluate.report.differences import Effect, diff_table, effect_table, load_effects
+from evaluate.report.frame import runs_frame
+from evaluate.report.runs import RunResult, compute_intervals
+from evaluate.report.tables import Table, cost_table, headline_table, likelihood_tables, runs_table, task_table
+
+
+@dataclass
+class Report:
+    runs: list[RunResult]
+    frame: pd.DataFrame  # the runs, a row per run x task
+    skipped: list[tuple[Path, str]]
+    headline: list[Table]
+    tasks: list[Table]
+    differences: list[Table]
+    comparisons: list[Table]
+    likelihood: list[Table]  # the likelihood table and its per-task table, where runs have the fields
+    unmatched_references: int = 0
+
+    def tables(self) -> list[Table]:
+        tables = [*self.headline, *self.tasks, *self.differences, *self.comparisons, *self.likelihood]
+        return [*tables, cost_table(self.frame), runs_table(self.frame)]
+
+    def page(self, runs_dir: Path, resamples: int) -> str:
+        """All tables as one Markdown page; per-task tables are linked rather than inlined."""
+        interval = f" [bootstrap 95% interval, {resamples} resamples of contexts within each task]" if resamples else ""
+        cells = f"Cells: headline score{interval} n=samples; \\* partial (fewer samples than the full benchmark)."
+        paragraphs = ["# PressBench results", f"{len(self.runs)} finished runs from `{runs_dir}`.", cells]
+        for table in self.headline:
+            paragraphs += [table.page(), f"Per task: [{table.name}_tasks.md]({table.name}_tasks.md)"]
+        paragraphs += [table.page() for table in [*self.differences, *self.comparisons]]
+        for table in self.likelihood[:1]:
+            paragraphs += [table.page(), "Per task: [likelihood_tasks.md](likelihood_tasks.md)"]
+        if self.unmatched_references:
+            paragraphs.append(f"{self.unmatched_references} published figures have no matching run.")
+        if self.skipped:
+            paragraphs += ["### Skipped", "\n".join(f"- `{path}`: {reason}" for path, reason in self.skipped)]
+        return "\n\n".join(paragraphs) + "\n"
+
+
+def build_report(
+    runs: list[RunResult],
+    skipped: list[tuple[Path, str]],
+    resamples: int = 1000,
+    seed: int = 0,
+    diffs: Sequence[tuple[str, str]] = (),
+    reference_dir: Path | None = None,
+    effects: Sequence[Effect] | None = None,
+) -> Report:
+    """Every table of ``runs``; ``effects`` defaults to conf/report.yaml's."""
+    compute_intervals(runs, resamples, seed)
+    frame = runs_frame(runs)
+    effects = load_effects() if effects is None else effects
+    differences = [table for effect in effects if (table := effect_table(runs, effect, resamples, seed))]
+    differences += [diff_table(runs, a, b, resamples, seed) for a, b in diffs]
+    compared = compare_tables(runs, load_references(reference_dir), resamples, seed) if reference_dir else ([], 0)
+    benchmarks = sorted(frame.benchmark.unique())
+    headline = [headline_table(frame, benchmark) for benchmark in benchmarks]
+    tasks = [task_table(frame, benchmark) for benchmark in benchmarks]
+    comparisons, unmatched = compared
+    return Report(runs, frame, skipped, headline, tasks, differences, comparisons, likelihood_tables(frame), unmatched)
+
+
+def write_report(report: Report, out: Path, runs_dir: Path, resamples: int) -> list[Path]:
+    """Every table as Markdown (where it has any) and CSV, then the whole page; returns the files written."""
+    files = []
+    for table in report.tables():
+        files += [(out / f"{table.name}.md", table.page() + "\n")] if table.markdown else []
+        files.append((out / f"{table.name}.csv", table.csv))
+    for path, text in [*files, (out / "report.md", report.page(runs_dir, resamples))]:
+        rundir.write_atomic(path, text)
+    return [path for path, _ in files] + [out / "report.md"]

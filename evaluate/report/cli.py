@@ -1,0 +1,68 @@
+"""Tables from finished runs: ``python -m evaluate.report [RUNS_DIR]``.
+
+Writes Markdown and CSV tables (built by :mod:`evaluate.results`) under ``results/tables/`` and plots under
+``results/tables/plots/`` (both ignored by git: the committed example plots in results/plots/ stay as they are):
+``{benchmark}``, the headline in the EG-ChunkKV PR's layout (benchmark x method rows, ``cr=``
+columns, ``no compression`` from the ``no_press`` runs; each cell with its bootstrap 95% interval, its sample count
+and ``*`` when partial); ``{benchmark}_tasks``, task x method per ratio; an effect table per entry of
+conf/report.yaml's ``effects`` or ``--experiment NAME``'s ``report:`` (by default ``gate_effect``:
+``eg_chunkkv_{scorer}`` − ``chunkkv_{scorer}`` with a paired interval) and per ``--diff A B``; ``compare``
+(``--compare``): measured against ``results/reference/*.csv``; ``runs.csv``, a row per run; ``report.md``, all in one.
+"""
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from evaluate.report.build import build_report, write_report
+from evaluate.report.differences import load_effects
+from evaluate.report.runs import DEFAULT_RUNS, ReportError, collect_runs
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m evaluate.report", description=__doc__.split("\n\n")[0])
+    add = parser.add_argument
+    add("runs_dir", nargs="?", type=Path, default=DEFAULT_RUNS, help="default: %(default)s")
+    add("--out", type=Path, default=Path("results/tables"), help="tables folder (default: %(default)s)")
+    add("--plots", type=Path, default=Path("results/tables/plots"), help="plots folder (default: %(default)s)")
+    add("--no-plots", action="store_true", help="write tables only")
+    add("--diff", nargs=2, action="append", default=[], metavar=("A", "B"), help="add a table of method A − method B")
+    add("--experiment", metavar="NAME", help="effect tables of conf/experiment/NAME.yaml's report: entry")
+    add("--compare", action="store_true", help="compare with the published numbers in --reference")
+    add("--reference", type=Path, default=Path("results/reference"), help="default: %(default)s")
+    add("--bootstrap", type=int, default=1000, metavar="N", help="resamples per interval; 0 disables (default: 1000)")
+    add("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
+    wandb = "also log the tables and plots to one wandb summary run (bare --wandb: online)"
+    add("--wandb", nargs="?", const="online", choices=["offline", "online"], help=wandb)
+    add("--wandb-project", default="pressbench", help="default: %(default)s")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
+
+    try:
+        effects = load_effects(args.experiment)
+        runs, skipped = collect_runs(args.runs_dir)
+        if not runs:
+            detail = "".join(f"\n  {path}: {reason}" for path, reason in skipped)
+            raise ReportError(f"no finished run under {args.runs_dir}{detail}")
+        diffs, reference = [tuple(pair) for pair in args.diff], args.reference if args.compare else None
+        report = build_report(runs, skipped, args.bootstrap, args.seed, diffs, reference, effects)
+    except ReportError as error:
+        raise SystemExit(f"error: {error}") from None
+
+    written = write_report(report, args.out, args.runs_dir, args.bootstrap)
+    plots = []
+    if not args.no_plots:
+        from evaluate.report.plots import plot_all  # matplotlib only when drawing
+
+        plots = plot_all(report.frame, args.plots)
+    print(report.page(args.runs_dir, args.bootstrap))
+    for path, reason in skipped:
+        print(f"skipped {path}: {reason}", file=sys.stderr)
+    print(f"tables: {', '.join(map(str, written))}")
+    if plots:
+        print(f"plots: {', '.join(map(str, plots))}")
+    if args.wandb:
+        from evaluate.run.tracking import log_report
+
+        print(f"wandb summary run: {log_report(report, plots, mode=args.wandb, project=args.wandb_project)}")

@@ -1,0 +1,85 @@
+"""Finished runs as one tidy DataFrame: a row per run x task, the data every table, plot and summary reads."""
+
+from collections.abc import Sequence
+
+import pandas as pd
+
+from evaluate.engine.likelihood import FIELDS as LIKELIHOOD_FIELDS
+from evaluate.report.runs import NO_PRESS, RunResult
+
+_RUN_ATTRIBUTES = "benchmark model model_id method variant query_aware score interval_note partial_reasons".split()
+_INTERVAL = {"ci_low": "low", "ci_high": "high", "contexts": "contexts"}  # frame column: Interval attribute
+_TASK_COLUMNS = ["task", "task_score", "task_n", *(f"task_{name}" for name in LIKELIHOOD_FIELDS), "task_likelihood_n"]
+# What a run cost, as run.json records it (evaluate/run/recorder.py): the report's cost table and plot.
+COST_COLUMNS = (
+    "prefill_seconds",
+    "compress_seconds",
+    "decode_seconds",
+    "generated_tokens",
+    "decode_tokens_per_second",
+    "forward_passes_per_question",
+    "kv_bytes_held_per_context",
+    "kv_bytes_kept_per_context",
+)
+QUERY_AWARE = {True: " (query-aware)", False: ""}  # what labels add for query-aware runs
+
+
+def bracketed(variant: str) -> str:
+    """`` [variant]``, or nothing for a run that is no variant."""
+    return f" [{variant}]" if variant else ""
+
+
+def runs_frame(runs: Sequence[RunResult]) -> pd.DataFrame:
+    """One row per run x task, in the order of ``runs`` and of task names (a run without tasks keeps a row, task
+    None). Besides the run's figures: ``run``, its position in ``runs``; ``cr`` as recorded and ``ratio`` rounded
+    to match runs on; ``reference``, a no_press run; ``contexts``, the fewest any task's interval resampled; ``n``,
+    samples; ``settings``, the benchmark's config; each likelihood field's headline (``answer_kl``, ...) with its
+    interval (``answer_kl_low``, ``answer_kl_high``) and ``likelihood_n``, the rows that have them; then task,
+    task_score, task_n and the task's likelihood means (``task_answer_kl``, ..., ``task_likelihood_n``)."""
+    records = []
+    for position, run in enumerate(runs):
+        kept = [row["kept_ratio"] for row in run.rows if row.get("kept_ratio") is not None]
+        common = {
+            **{name: getattr(run, name) for name in _RUN_ATTRIBUTES},
+            "run": position,
+            "cr": run.compression_ratio,
+            "ratio": round(run.compression_ratio, 6),
+            "reference": run.method == NO_PRESS,
+            **{column: getattr(run.interval, name, None) for column, name in _INTERVAL.items()},
+            "n": run.samples,
+            "partial": bool(run.partial_reasons),
+            "settings": run.config.get("benchmark", {}),
+            "status": run.run.get("status", ""),
+            "kept_ratio": sum(kept) / len(kept) if kept else None,
+            **{key: run.run.get(key) for key in ("wall_seconds", "peak_memory_mb", *COST_COLUMNS)},
+            "run_dir": str(run.path),
+            **{name: run.likelihood.get(name) for name in LIKELIHOOD_FIELDS},
+            **{
+                f"{name}_{end}": getattr(run.likelihood_intervals.get(name), end, None)
+                for name in LIKELIHOOD_FIELDS
+                for end in ("low", "high")
+            },
+            "likelihood_n": run.likelihood.get("n"),
+        }
+        likelihood = run.likelihood.get("tasks", {})
+        for task, values in sorted(run.tasks.items()) or [(None, {})]:
+            means = likelihood.get(task, {})
+            task_likelihood = {f"task_{name}": means.get(name) for name in LIKELIHOOD_FIELDS}
+            task_figures = {"task_score": values.get("score"), "task_n": values.get("n", 0), **task_likelihood}
+            records.append({**common, "task": task, **task_figures, "task_likelihood_n": means.get("n")})
+    # Scores are floats, NaN where a benchmark gives none (ZeroSCROLLS): tables show "-", plots draw nothing.
+    numbers = {"contexts": "Int64", "task_n": "Int64", "score": float, "task_score": float}
+    likelihood_columns = [
+        *LIKELIHOOD_FIELDS,
+        *(f"{name}_{end}" for name in LIKELIHOOD_FIELDS for end in ("low", "high")),
+    ]
+    numbers |= {column: float for column in [*likelihood_columns, *(f"task_{name}" for name in LIKELIHOOD_FIELDS)]}
+    numbers |= {"likelihood_n": "Int64", "task_likelihood_n": "Int64"}
+    frame = pd.DataFrame.from_records(records).astype(numbers)
+    label = frame.method.mask(frame.reference, "no compression") + frame.variant.map(bracketed)
+    return frame.assign(label=label + frame.query_aware.map(QUERY_AWARE))  # what tells a row's runs apart
+
+
+def run_level(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per run, without the task columns."""
+    return frame.drop_duplicates("run").drop(columns=_TASK_COLUMNS).reset_index(drop=True)

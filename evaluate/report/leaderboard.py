@@ -1,0 +1,246 @@
+"""kvpress leaderboard submissions: ``python -m evaluate.report.leaderboard [RUNS_DIR] --out DIR``.
+
+Every finished RULER-4096 run (``benchmark=ruler``, hub dataset ``simonjegou/ruler``, data_dir ``4096``) becomes
+a directory that the kvpress leaderboard reads, named as kvpress's evaluation names its results:
+
+    DIR/{dataset}__{data_dir}__{model with / as --}__{method}__{cr:.2f}[__query_aware]/
+        config.yaml      kvpress's evaluation fields (press_init_command is the press repr)
+        metrics.json     {task: {"string_match": score}} for the 13 tasks
+        predictions.csv  the dataset columns except context, plus predicted_answer and compression_ratio
+    DIR/leaderboard.csv  one row per exported run; score = unweighted 13-task mean, rounded to 2
+
+Partial runs (a sample limit or fraction, fewer than 13 tasks, data other than the hub dataset, failed
+samples) are refused with their reasons unless ``--allow-partial``. Each directory is assembled in a staging
+folder beside DIR and renamed into place only once complete, so a refused or failed export leaves nothing
+that looks like a submission.
+"""
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import yaml
+from hydra.utils import instantiate
+
+from evaluate import registry, rundir
+from evaluate.benchmarks import failure_coverage, fraction_coverage
+from evaluate.benchmarks.ruler import Ruler
+from evaluate.report.runs import DEFAULT_RUNS, ReportError, RunResult, collect_runs
+
+# The leaderboard's dataset is RULER's hub data as the Ruler benchmark defines it (shared/reference/ruler/README.md).
+DATASET = Ruler.name
+DATA_DIR = Ruler.source.data_dir
+
+LEADERBOARD_COLUMNS = "dataset data_dir model method compression_ratio score query_aware press_init_command".split()
+PREDICTION_COLUMNS = "question answer_prefix answer task max_new_tokens predicted_answer compression_ratio".split()
+
+
+class Refused(Exception):
+    """A run that cannot be exported; the message gives every reason."""
+
+
+@dataclass
+class Submission:
+    run: RunResult
+    method: str  # the leaderboard's name for it
+    name: str
+    config: dict
+    metrics: dict
+    score: float
+
+
+def is_ruler_4096(run: RunResult) -> bool:
+    benchmark = run.benchmark_object
+    return run.benchmark == DATASET and isinstance(benchmark, Ruler) and str(benchmark.data_dir) == DATA_DIR
+
+
+def refusal_reasons(run: RunResult) -> list[str]:
+    """Why a finished RULER-4096 run is not a full leaderboard run: its benchmark's coverage, held to every task
+    listed and to every sample of the hub data, and a model named by its hub id."""
+    benchmark: Ruler = run.benchmark_object
+    reasons = []
+    limit = run.config.get("limit")
+    if limit is not None and int(limit) < benchmark.source.samples_per_task:
+        reasons.append(f"limit={limit} (samples per task); rerun with limit=null")
+    reasons += fraction_coverage(run.config) + benchmark.task_coverage(run.tasks, shown=None)
+    extra = sorted(set(run.tasks) - set(benchmark.all_tasks))
+    if extra:
+        reasons.append(f"tasks outside RULER's {len(benchmark.all_tasks)}: {', '.join(extra)}")
+    reasons += benchmark.source_coverage() + failure_coverage(run.rows)
+    if not _is_hub_id(run.model_id):
+        reasons.append(f"model {run.model_id} is not a hub id; the leaderboard names models as org/name")
+    return reasons
+
+
+def _is_hub_id(name: str) -> bool:
+    return name.count("/") == 1 and not name.startswith((".", "/", "~")) and not Path(name).exists()
+
+
+class Unmappable(Exception):
+    """A run whose method has no leaderboard name: it would pass for a registry entry it is not."""
+
+
+def leaderboard_method(run: RunResult) -> str:
+    """The press name the leaderboard shows for the run's method.
+
+    This is the one place where a harness method name becomes a leaderboard name (submission directory,
+    config.yaml's press_name, leaderboard.csv). The harness names its methods as kvpress's registry does
+    (evaluate/registry.py), so a name maps to itself, except a ``_variant`` (named after an entry it is not) and a
+    registry name whose recorded press is not that entry (runs recorded before names followed the registry).
+    """
+    method = run.method
+    if registry.is_variant(method):
+        raise Unmappable(f"{method} is not kvpress's {method.removesuffix(registry.VARIANT_SUFFIX)} entry")
+    recorded = run.config.get("press", {}).get("press")
+    if method in registry.PRESS_REGISTRY and recorded is not None:
+        if not registry.same_press(instantiate(recorded), registry.PRESS_REGISTRY[method]()):
+            raise Unmappable(f"{method} was run with {run.record.get('press')}, not kvpress's {method} entry")
+    return method
+
+
+def submission_name(run: RunResult) -> str:
+    parts = [
+        DATASET,
+        DATA_DIR,
+        run.model_id.replace("/", "--"),
+        leaderboard_method(run),
+        f"{run.compression_ratio:.2f}",
+    ]
+    if run.query_aware:
+        parts.append("query_aware")
+    return "__".join(parts)
+
+
+def leaderboard_score(metrics: dict) -> float:
+    """The leaderboard's figure: the unweighted mean of the tasks' string_match, rounded to 2."""
+    values = [task["string_match"] for task in metrics.values()]
+    return round(sum(values) / len(values), 2)
+
+
+def prepare(run: RunResult, allow_partial: bool) -> Submission:
+    method = leaderboard_method(run)
+    reasons = refusal_reasons(run)
+    if reasons and not allow_partial:
+        raise Refused("; ".join(reasons))
+    if run.score is None:  # the likelihood fields alone: the leaderboard has no place for them
+        raise Refused("made with generate=false: no generated answers to score; rerun with generate=true")
+    # Only the task scores: the likelihood means in metrics.json stay behind (kvpress's format has no place for them).
+    metrics = {task: {"string_match": float(values["score"])} for task, values in sorted(run.tasks.items())}
+    if not metrics:
+        raise Refused("metrics.json has no task scores")
+    every_sample = Ruler.source.samples_per_task * len(Ruler.all_tasks)
+    config = {
+        "dataset": DATASET,
+        "data_dir": DATA_DIR,
+        "model": run.model_id,
+        "press_name": method,
+        "compression_ratio": run.compression_ratio,
+        "query_aware": run.query_aware,
+        "fraction": 1.0 if not reasons else round(run.samples / every_sample, 4),
+        "max_new_tokens": None,  # each task's own generation length, as in the hub data
+        "max_context_length": run.config.get("max_context_length"),
+        "seed": run.config.get("seed"),
+        "press_init_command": str(run.record.get("press")),
+    }
+    return Submission(run, method, submission_name(run), config, metrics, leaderboard_score(metrics))
+
+
+def predictions_csv(run: RunResult) -> str:
+    """The dataset columns but the context, the prediction and the ratio, one row per sample."""
+    rows = pd.DataFrame(run.rows)
+    answers = rows.answers.map(lambda answers: repr([str(answer) for answer in answers]))
+    table = rows.assign(answer=answers, predicted_answer=rows.prediction, compression_ratio=run.compression_ratio)
+    return table[PREDICTION_COLUMNS].to_csv(index=False, lineterminator="\n")
+
+
+def write_submission(submission: Submission, out: Path) -> Path:
+    """Assemble the directory beside ``out`` and rename it into place; an old export of the run is replaced."""
+    out.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{submission.name}.", dir=out.parent))
+    target = out / submission.name
+    try:
+        (staging / "predictions.csv").write_text(predictions_csv(submission.run), encoding="utf-8")
+        (staging / "metrics.json").write_text(json.dumps(submission.metrics, indent=4) + "\n", encoding="utf-8")
+        (staging / "config.yaml").write_text(yaml.safe_dump(submission.config, sort_keys=False), encoding="utf-8")
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target
+
+
+def write_leaderboard_csv(submissions: list[Submission], out: Path) -> Path:
+    rows = [
+        [DATASET, DATA_DIR, s.config["model"], s.method, s.run.compression_ratio, f"{s.score:.2f}", s.run.query_aware]
+        + [s.config["press_init_command"]]
+        for s in sorted(submissions, key=lambda s: (s.config["model"], s.method, s.run.compression_ratio))
+    ]
+    path = out / "leaderboard.csv"
+    rundir.write_atomic(path, pd.DataFrame(rows, columns=LEADERBOARD_COLUMNS).to_csv(index=False, lineterminator="\n"))
+    return path
+
+
+def export(runs_dir: Path, out: Path, allow_partial: bool = False) -> tuple[list[Submission], list[tuple[Path, str]]]:
+    """Write every exportable run; return what was written and what was refused or skipped, with why."""
+    runs, skipped = collect_runs(runs_dir)
+    refused = list(skipped)
+    written: list[Submission] = []
+    names: dict[str, Path] = {}
+    for run in runs:
+        if not is_ruler_4096(run):
+            refused.append((run.path, f"not a ruler {DATA_DIR} run (benchmark {run.benchmark})"))
+            continue
+        try:
+            submission = prepare(run, allow_partial)
+        except Unmappable as reason:
+            refused.append((run.path, f"no leaderboard name: {reason}"))
+            continue
+        except Refused as reason:
+            refused.append((run.path, f"partial: {reason}; pass --allow-partial to export it anyway"))
+            continue
+        if submission.name in names:
+            refused.append((run.path, f"{submission.name} is already exported from {names[submission.name]}"))
+            continue
+        names[submission.name] = run.path
+        write_submission(submission, out)
+        written.append(submission)
+    if written:
+        write_leaderboard_csv(written, out)
+    return written, refused
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m evaluate.report.leaderboard", description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs_dir", nargs="?", type=Path, default=DEFAULT_RUNS, help="default: %(default)s")
+    parser.add_argument("--out", type=Path, required=True, help="submission folder (one subdirectory per run)")
+    parser.add_argument(
+        "--allow-partial",
+        action="store_true",
+        help=(
+            "export runs that are not full leaderboard runs too: a limit, fraction < 1, missing tasks, local data, "
+            "failed samples, or a model without a hub id (refused, with the reason, without this flag)"
+        ),
+    )
+    args = parser.parse_args(argv)
+    try:
+        written, refused = export(args.runs_dir, args.out, args.allow_partial)
+    except ReportError as error:
+        raise SystemExit(f"error: {error}") from None
+    for path, reason in refused:
+        print(f"refused {path}: {reason}", file=sys.stderr)
+    for submission in written:
+        print(f"{args.out / submission.name}  score {submission.score:.2f}")
+    if not written:
+        raise SystemExit(f"error: nothing exported from {args.runs_dir}")
+    print(f"{len(written)} submissions and {args.out / 'leaderboard.csv'}")
+
+
+if __name__ == "__main__":
+    main()

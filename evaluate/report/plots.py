@@ -1,0 +1,276 @@
+"""Score against compression ratio, in the style of the kvpress leaderboard plot: ``{benchmark}.png``, the headline
+score of each method with its bootstrap 95% band and the no-compression score as a dashed line, a panel per model
+(and query-awareness); ``{benchmark}_tasks.png``, the same for every task, a small panel each. Partial runs are drawn
+with hollow markers. ``{benchmark}_kl.png``: the mean answer KL from the uncompressed model against cr, for runs
+with the likelihood fields; ``{benchmark}_cost.png``: score against the KV bytes held. For needle-in-a-haystack runs
+also ``{benchmark}_heatmap.png``: the needle score by depth and context length, a panel per method and compression
+ratio."""
+
+import math
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+import pandas as pd
+
+from evaluate.benchmarks.needle_in_haystack import TASK_SCORE_LABEL, NeedleInHaystack, task_depth
+from evaluate.report.frame import QUERY_AWARE, bracketed, run_level
+
+matplotlib.use("Agg")  # files only; never a display
+
+import matplotlib.pyplot as plt  # noqa: E402
+
+_REFERENCE_COLOR = "0.25"
+_MARKERS = "osD^vP*Xph"
+
+
+def _lines(frame: pd.DataFrame, benchmark: str, qualified: bool = False) -> tuple[pd.DataFrame, dict, list[float]]:
+    """The rows of ``benchmark`` by cr, with their ``line`` (method, variant, and model and query-awareness when
+    ``qualified`` and several); one color and marker per line, the same in every panel, the marker telling apart
+    lines that lie on top of each other; the ratios of the compressed runs."""
+    rows = frame[frame.benchmark == benchmark]
+    lines = rows.method + rows.variant.map(bracketed)
+    if qualified and len(rows[["model", "query_aware"]].drop_duplicates()) > 1:
+        lines += " · " + rows.model + rows.query_aware.map(QUERY_AWARE)
+    rows = rows.assign(line=lines).sort_values("cr", kind="stable")
+    labels = sorted(rows.line[~rows.reference].unique())
+    palette = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20")
+    styles = {label: (palette(i % palette.N), _MARKERS[i % len(_MARKERS)]) for i, label in enumerate(labels)}
+    return rows, styles, sorted(rows.cr[~rows.reference].unique()) or [0.0]
+
+
+def _draw_points(ax, line: pd.DataFrame, ys: list[float], style, label, size=6):
+    """``ys`` against the compression ratios of the runs of ``line``; partial runs get hollow markers."""
+    color, marker = style
+    xs = line.cr.tolist()
+    ax.plot(xs, ys, "-", color=color, linewidth=2 if size > 4 else 1.5, marker=marker, markersize=size, label=label)
+    for x, y, hollow in zip(xs, ys, line.partial, strict=True):
+        if hollow:
+            ax.plot(x, y, marker, markersize=size, color=color, markerfacecolor="white")
+
+
+def _style(ax, ratios: Sequence[float], values: Sequence[float], fontsize: int = 10, score: bool = True) -> None:
+    ax.set_xticks(ratios)
+    ax.set_xticklabels([f"{r:g}" for r in ratios], fontsize=fontsize)
+    ax.tick_params(axis="y", labelsize=fontsize)
+    span = (max(ratios) - min(ratios)) or 0.2
+    ax.set_xlim(min(ratios) - 0.08 * span, max(ratios) + 0.08 * span)
+    # Scores are on a 0-100 scale: an axis never shrinks below 0-10, so all-zero panels still read as near zero.
+    # Missing values (None: no interval, as under --bootstrap 0) do not count.
+    # Other quantities (KL in nats) take their own range from zero.
+    finite = [value for value in values if value is not None and math.isfinite(value)]
+    top = max(finite, default=0.0)
+    ax.set_ylim(0, min(105.0, max(10.0, top * 1.12 + 1.0)) if score else max(top * 1.12, 1e-3))
+    ax.grid(True, alpha=0.3)
+    ax.spines[["top", "right"]].set_visible(False)
+
+
+def _save(fig, path: Path, dpi: int) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # The canvas grows to hold the legend: long method and variant labels are never cut off at the edge.
+    fig.savefig(path, dpi=dpi, bbox_inches="tight", pad_inches=0.15)
+    plt.close(fig)
+    return path
+
+
+# What a plot against cr can show: a run-level column (with ``{column}_low``/``_high`` or ci_low/ci_high for its
+# interval), the axis label, the digits of the reference's value in the legend, and whether it is a 0-100 score.
+_SCORE = ("score", "ci_low", "ci_high", "score", 2, True)
+_KL = ("answer_kl", "answer_kl_low", "answer_kl_high", "answer KL(uncompressed ‖ compressed), nats", 3, False)
+
+
+def plot_benchmark(benchmark: str, frame: pd.DataFrame, path: Path) -> Path:
+    """Headline score against compression ratio for one benchmark."""
+    return _against_cr(benchmark, frame, path, *_SCORE)
+
+
+def plot_kl(benchmark: str, frame: pd.DataFrame, path: Path) -> Path:
+    """Mean answer KL (the likelihood fields' divergence from the uncompressed model) against compression ratio."""
+    return _against_cr(benchmark, frame, path, *_KL)
+
+
+def _against_cr(
+    benchmark: str,
+    frame: pd.DataFrame,
+    path: Path,
+    value: str,
+    low: str,
+    high: str,
+    name: str,
+    digits: int,
+    score: bool,
+) -> Path:
+    """``value`` of each method against compression ratio with its bootstrap band, the no-compression value as a
+    dashed line, a panel per model and query-awareness."""
+    runs, styles, ratios = _lines(run_level(frame), benchmark)
+    compressed = runs[~runs.reference]
+    panels = runs.sort_values("run").groupby(["model", "query_aware"])
+    fig, axes = plt.subplots(1, panels.ngroups, figsize=(7.5 * panels.ngroups + 2.5, 5.2), squeeze=False)
+    for ax, ((model, query_aware), members) in zip(axes[0], panels, strict=True):
+        for label, line in compressed[compressed.run.isin(members.run)].groupby("line"):
+            xs, ys, lows, highs = (line[column].tolist() for column in ("cr", value, low, high))
+            _draw_points(ax, line, ys, styles[label], label)
+            if line[low].isna().any():
+                continue
+            if len(line) > 1:
+                ax.fill_between(xs, lows, highs, color=styles[label][0], alpha=0.15, linewidth=0)
+            else:  # a band needs two points; one point gets a whisker
+                ax.errorbar(xs, ys, yerr=[[ys[0] - lows[0]], [highs[0] - ys[0]]], color=styles[label][0], capsize=4)
+        for reference in members[members.reference & members[value].notna()].to_dict("records"):
+            label = f"no compression{bracketed(reference['variant'])} ({reference[value]:.{digits}f})"
+            ax.axhline(reference[value], color=_REFERENCE_COLOR, linestyle="--", linewidth=1.5, label=label)
+            if pd.notna(reference[low]):
+                ax.axhspan(reference[low], reference[high], color=_REFERENCE_COLOR, alpha=0.08)
+        _style(ax, ratios, [*members[value], *members[high]], fontsize=11, score=score)
+        ax.set_xlabel("compression ratio (fraction of KV pairs removed)", fontsize=12)
+        ax.set_ylabel(name, fontsize=12)
+        ax.set_title(f"{benchmark} — {model}{QUERY_AWARE[query_aware]}", fontsize=13)
+    handles, labels = axes[0][-1].get_legend_handles_labels()
+    notes = "bands and whiskers: bootstrap 95% interval" + (
+        "; hollow markers: partial runs" if runs.partial.any() else ""
+    )
+    fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(1 - 2.4 / fig.get_figwidth(), 0.9), fontsize=10)
+    fig.text(0.01, 0.01, notes, fontsize=9, color="0.35")
+    fig.tight_layout(rect=(0, 0.03, 1 - 2.5 / fig.get_figwidth(), 1))
+    return _save(fig, path, dpi=130)
+
+
+def plot_task_grid(benchmark: str, frame: pd.DataFrame, path: Path) -> Path:
+    """One small panel per task: task score against compression ratio, one line per method."""
+    rows, styles, ratios = _lines(frame, benchmark, qualified=True)
+    tasks = sorted(rows.task.dropna().unique())
+    compressed = rows[~rows.reference]
+    grid_rows, columns = math.ceil(len(tasks) / 4), min(4, len(tasks))
+    fig, axes = plt.subplots(grid_rows, columns, figsize=(3.6 * columns, 2.9 * grid_rows + 0.9), squeeze=False)
+    for ax, task in zip(axes.flat, tasks, strict=False):
+        for label, style in styles.items():  # every method, drawn empty where it lacks the task
+            line = compressed[(compressed.line == label) & (compressed.task == task)]
+            _draw_points(ax, line, line.task_score.tolist(), style, label, 4)
+        for score in rows[rows.reference & (rows.task == task)].sort_values("run").task_score.dropna():
+            ax.axhline(score, color=_REFERENCE_COLOR, linestyle="--", linewidth=1.2, label="no compression")
+        ax.set_title(f"{task} (n≤{rows.task_n[rows.task == task].max()})", fontsize=10)
+        _style(ax, ratios, rows.task_score[rows.task == task].tolist(), fontsize=8)
+    for ax in list(axes.flat)[len(tasks) :]:
+        ax.set_visible(False)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    unique = dict(zip(labels, handles, strict=True))
+    fig.legend(unique.values(), unique.keys(), loc="lower center", ncol=min(4, len(unique)), fontsize=9)
+    fig.suptitle(f"{benchmark}: task score against compression ratio", fontsize=12)
+    # Fixed margins: tight_layout measures every tick label of every panel and costs more than the drawing.
+    width, height = fig.get_size_inches()
+    fig.subplots_adjust(
+        left=0.5 / width, right=1 - 0.15 / width, top=1 - 0.65 / height, bottom=1.0 / height, wspace=0.25, hspace=0.45
+    )
+    return _save(fig, path, dpi=110)
+
+
+NEEDLE_TARGET = f"{NeedleInHaystack.__module__}.{NeedleInHaystack.__qualname__}"
+# The settings a needle sweep varies are the heatmap's axes; removed from a run's variant, what is left of it (a seed,
+# a window size) tells panels apart. Their values are ints, lists of ints or null, so none holds a ", ".
+_NEEDLE_AXES = re.compile(
+    r"(?:benchmark\.depth|benchmark\.context_length|max_context_length)=(?:\[[^\]]*\]|[^,]*)(?:, )?"
+)
+
+
+def needle_benchmarks(frame: pd.DataFrame) -> list[str]:
+    """The benchmarks of the frame whose runs are needle-in-a-haystack runs."""
+    needle = frame.settings.map(lambda settings: settings.get("_target_") == NEEDLE_TARGET)
+    return sorted(frame.benchmark[needle].unique())
+
+
+def needle_grids(frame: pd.DataFrame, benchmark: str) -> dict[str, pd.DataFrame]:
+    """The needle score of ``benchmark``'s runs as one depth x context-length matrix per panel, by panel title.
+
+    A panel is a method (with what else tells its runs apart, and query-awareness) at one compression ratio, and one
+    model where there are several. Rows are the depths (a run's tasks), columns the context lengths (its recorded
+    ``context_length``), both ascending and the same in every panel; a cell is the task score, NaN where no run
+    measured the pair, the mean where several did (a run with a list of depths and one with a single depth).
+    """
+    rows = frame[(frame.benchmark == benchmark) & frame.task.notna()]
+    lengths = rows.settings.map(lambda settings: settings.get("context_length"))
+    rows = rows.assign(depth=rows.task.map(task_depth), length=lengths)[lengths.notna()].astype({"length": int})
+    variant = rows.variant.str.replace(_NEEDLE_AXES, "", regex=True).str.rstrip(", ").map(bracketed)
+    title = rows.method.mask(rows.reference, "no compression") + variant + rows.query_aware.map(QUERY_AWARE)
+    if rows.model.nunique() > 1:
+        title = rows.model + " · " + title
+    rows = rows.assign(title=title + rows.cr.map(lambda cr: f" · cr={cr:g}").mask(rows.reference, ""))
+    depths, columns = sorted(rows.depth.unique()), sorted(rows.length.unique())
+    ordered = rows.sort_values(
+        ["model", "query_aware", "reference", "method", "cr", "title"], ascending=[True, True, False, True, True, True]
+    )
+    return {
+        title: panel.pivot_table(index="depth", columns="length", values="task_score", aggfunc="mean")
+        .reindex(index=depths, columns=columns)
+        .rename_axis(index="depth", columns="context_length")
+        for title, panel in ordered.groupby("title", sort=False)
+    }
+
+
+def plot_needle_heatmap(benchmark: str, frame: pd.DataFrame, path: Path) -> Path:
+    """One depth x context-length heatmap of the needle score per panel of :func:`needle_grids`."""
+    grids = needle_grids(frame, benchmark)
+    first = next(iter(grids.values()))
+    columns = min(3, len(grids))
+    grid_rows = math.ceil(len(grids) / columns)
+    panel_width, panel_height = 1.6 + 0.8 * len(first.columns), 1.2 + 0.4 * len(first.index)
+    fig, axes = plt.subplots(
+        grid_rows,
+        columns,
+        figsize=(max(6.5, panel_width * columns + 1.2), panel_height * grid_rows + 0.8),
+        squeeze=False,
+        layout="constrained",  # room for the tick labels of every panel and the color bar
+    )
+    colors = plt.get_cmap("RdYlGn").with_extremes(bad="0.85")  # grey: a pair no run measured
+    for ax, (title, grid) in zip(axes.flat, grids.items(), strict=False):
+        values = grid.to_numpy(dtype=float)
+        image = ax.imshow(values, cmap=colors, vmin=0, vmax=100, aspect="auto")
+        for (row, column), value in np.ndenumerate(values):
+            if not math.isnan(value):
+                ax.text(column, row, f"{value:.0f}", ha="center", va="center", fontsize=8)
+        ax.set_xticks(range(len(grid.columns)), [str(length) for length in grid.columns], fontsize=8)
+        ax.set_yticks(range(len(grid.index)), [f"{depth}%" for depth in grid.index], fontsize=8)
+        ax.set_xlabel("context length (tokens)", fontsize=9)
+        ax.set_ylabel("needle depth", fontsize=9)
+        ax.set_title(title, fontsize=10)
+    for ax in list(axes.flat)[len(grids) :]:
+        ax.set_visible(False)
+    fig.colorbar(image, ax=axes, shrink=0.9, label=TASK_SCORE_LABEL)
+    fig.suptitle(f"{benchmark}: {TASK_SCORE_LABEL}\nby needle depth and context length (grey: no run)", fontsize=11)
+    return _save(fig, path, dpi=110)
+
+
+def plot_cost(benchmark: str, frame: pd.DataFrame, path: Path) -> Path:
+    """Headline score against the KV bytes a context's cache physically held, one line per method; the uncompressed
+    runs are the reference's points, at the full cache."""
+    runs, styles, _ = _lines(run_level(frame), benchmark)
+    fig, ax = plt.subplots(figsize=(9.5, 5.2))
+    for label, line in runs.dropna(subset=["kv_bytes_held_per_context"]).groupby("line"):
+        line = line.sort_values("kv_bytes_held_per_context")
+        color, marker = styles.get(label, (_REFERENCE_COLOR, "s"))
+        ax.plot(line.kv_bytes_held_per_context / 2**20, line.score, marker=marker, color=color, label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("KV cache held per context (MiB, log scale)")
+    ax.set_ylabel("score")
+    ax.set_title(f"{benchmark}: score against the memory the cache really holds")
+    ax.grid(alpha=0.3)
+    fig.legend(loc="upper left", bbox_to_anchor=(1 - 2.4 / fig.get_figwidth(), 0.9), fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1 - 2.5 / fig.get_figwidth(), 1))
+    return _save(fig, path, dpi=110)
+
+
+def plot_all(frame: pd.DataFrame, out: Path) -> list[Path]:
+    """For every benchmark of the runs frame: both score figures where its runs have scores (``generate=false``
+    runs have none), the answer KL against cr where they have the likelihood fields, the score against KV bytes
+    where runs recorded them; and the heatmap of needle runs. Returns the files written."""
+    written = []
+    for name, runs in frame.groupby("benchmark"):
+        scored = runs.score.notna().any()
+        plots = [(plot_benchmark, ""), (plot_task_grid, "_tasks")] if scored else []
+        plots += [(plot_cost, "_cost")] if scored and runs.kv_bytes_held_per_context.notna().any() else []
+        plots += [(plot_kl, "_kl")] if runs.answer_kl.notna().any() else []
+        written += [plot(name, runs, out / f"{name}{suffix}.png") for plot, suffix in plots]
+    return written + [
+        plot_needle_heatmap(name, frame, out / f"{name}_heatmap.png") for name in needle_benchmarks(frame)
+    ]

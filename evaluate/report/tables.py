@@ -1,0 +1,260 @@
+"""Tables of the runs frame: Markdown for people and CSV for programs, with the number formats they share; the
+headline, per-task and runs tables are pivots of the frame."""
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from evaluate.engine.likelihood import FIELDS as LIKELIHOOD_FIELDS
+from evaluate.report.frame import COST_COLUMNS, run_level
+from evaluate.report.runs import NO_PRESS, flatten
+
+# Frame columns that the CSV files name otherwise.
+_CSV_NAMES = {"cr": "compression_ratio", "task_score": "score", "task_n": "n"}
+# The headline CSV's columns at each ratio: a run's figure, and the suffix of its column name.
+_HEADLINE_CSV = {"score": "", "ci_low": " ci_low", "ci_high": " ci_high", "n": " n", "partial": " partial"}
+# Below this many contexts per task the percentile bootstrap sees too few distinct resamples to show the noise.
+FEW_CONTEXTS = 10
+
+
+def fmt_number(value: float | None, signed: bool = False) -> str:
+    return "-" if pd.isna(value) else format(value, "+.2f" if signed else ".2f")
+
+
+def fmt_cr(cr: float) -> str:
+    return f"cr={cr:.2f}" if round(cr, 2) == round(cr, 6) else f"cr={cr:g}"
+
+
+def fmt_interval(low: float | None, high: float | None, signed: bool = False) -> str:
+    """`` [low, high]``, or nothing without an interval."""
+    return "" if pd.isna(low) else f" [{fmt_number(low, signed)}, {fmt_number(high, signed)}]"
+
+
+def csv_cell(value: Any) -> str:
+    """A value as the CSV files write it: missing as empty, floats rounded to 4 decimals."""
+    if isinstance(value, float):
+        return "" if math.isnan(value) else repr(round(float(value), 4))
+    return "" if value is None or value is pd.NA else str(value)
+
+
+def markdown_table(frame: pd.DataFrame) -> str:
+    """A Markdown table of string cells, the header from the columns."""
+    rows = [frame.columns, *frame.to_numpy()]
+    header, *lines = ["| " + " | ".join(str(cell).replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return "\n".join([header, "|" + "---|" * len(frame.columns), *lines])
+
+
+@dataclass
+class Table:
+    """One table: its CSV rows (``data``) and its Markdown, one table per section under the section's heading."""
+
+    name: str  # file stem under the tables directory
+    title: str
+    data: pd.DataFrame
+    sections: list[tuple[str, pd.DataFrame]] = field(default_factory=list)  # (heading, or "" for none)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def markdown(self) -> str:
+        return "\n\n".join((heading and f"{heading}\n\n") + markdown_table(body) for heading, body in self.sections)
+
+    def cells(self) -> pd.DataFrame:
+        """``data`` as the strings the CSV file holds."""
+        return self.data.astype(object).map(csv_cell)
+
+    @property
+    def csv(self) -> str:
+        return self.cells().to_csv(index=False, lineterminator="\n")
+
+    def page(self) -> str:
+        return "\n\n".join([f"### {self.title}", self.markdown, *self.notes])  # a paragraph per note
+
+
+def run_cell(run: pd.Series) -> str:
+    """``score [low, high] n=N``, with ``*`` when the run is partial."""
+    return f"{fmt_number(run.score)}{fmt_interval(run.ci_low, run.ci_high)} n={run.n}" + ("*" if run.partial else "")
+
+
+def compressed_ratios(runs: pd.DataFrame) -> list[float]:
+    return sorted(runs.ratio[~runs.reference].unique())
+
+
+def row_method(runs: pd.DataFrame) -> pd.Series:
+    """The method column of the CSV files: the label where it names a variant, else the method."""
+    return runs.label.where(runs.variant != "", runs.method)
+
+
+def settings_note(runs: pd.DataFrame) -> list[str]:
+    """The benchmark settings every run shares, so that a table says which data it was measured on."""
+    first, *others = [flatten(settings) for settings in runs.settings]
+    shared = {k: v for k, v in first.items() if k not in ("_target_", "name") and v is not None}
+    shared = {k: v for k, v in shared.items() if not isinstance(v, list) and all(flat.get(k) == v for flat in others)}
+    return ["Settings: " + ", ".join(f"{key}={value}" for key, value in sorted(shared.items()))] if shared else []
+
+
+def partial_note(runs: pd.DataFrame) -> list[str]:
+    counts = runs.partial_reasons.explode().dropna().value_counts().sort_index()
+    listed = "; ".join(f"{reason} ({count} of {len(runs)} runs)" for reason, count in counts.items())
+    return [f"\\* partial: fewer samples than the full benchmark: {listed}."] if listed else []
+
+
+def interval_notes(items: pd.DataFrame) -> list[str]:
+    """Why some cells have no interval, once per reason; and a warning when intervals rest on few contexts."""
+    counts = items.interval_note[items.interval_note != ""].value_counts().sort_index()
+    notes = [f"{note[0].upper()}{note[1:]} ({count} cells)." for note, count in counts.items()]
+    fewest = items.contexts.min()
+    if pd.notna(fewest) and fewest < FEW_CONTEXTS:
+        notes.append(
+            f"Some intervals resample only {fewest} contexts per task: with fewer than {FEW_CONTEXTS} the bootstrap "
+            "understates the noise; read them as a lower bound on the uncertainty."
+        )
+    return notes
+
+
+def headline_table(frame: pd.DataFrame, benchmark: str) -> Table:
+    """Rows benchmark x method (x model when several), columns cr; no compression repeated in every column."""
+    frame = run_level(frame[frame.benchmark == benchmark])
+    ratios = compressed_ratios(frame) or [0.0]
+    references = frame[frame.reference].merge(pd.DataFrame({"column": ratios}), how="cross")
+    placed = pd.concat([frame[~frame.reference].assign(column=frame.ratio), references])
+    placed = placed.assign(cell=placed.apply(run_cell, axis=1), compressed=~placed.reference, row=row_method(placed))
+    keys = ["model", "query_aware", "compressed", "method", "variant", "label", "row"]
+    grid = placed.astype(object).pivot(index=keys, columns="column", values=["cell", *_HEADLINE_CSV]).sort_index()
+    rows = grid.index.to_frame(index=False)
+    models = {"model": rows.model} if frame.model.nunique() > 1 else {}
+    md = pd.DataFrame({"benchmark": benchmark, **models, "method": rows.label})
+    md[[fmt_cr(cr) for cr in ratios]] = grid["cell"].fillna("").to_numpy()
+    data = rows[["model", "row", "query_aware"]].rename(columns={"row": "method"})
+    data.insert(0, "benchmark", benchmark)
+    columns = [(value, cr) for cr in ratios for value in _HEADLINE_CSV]
+    data[[fmt_cr(cr) + _HEADLINE_CSV[value] for value, cr in columns]] = grid[columns].to_numpy()
+    notes = settings_note(frame) + partial_note(frame) + interval_notes(frame)
+    if (frame.score.isna() & frame.answer_kl.notna()).any():
+        notes.append("`-` with n: made with generate=false, no answers to score; see the likelihood table.")
+    if not frame.reference.any():
+        notes.append(f"No `{NO_PRESS}` run: run `press=none` for the no-compression row.")
+    return Table(benchmark, f"{benchmark}: headline score by compression ratio", data, [("", md)], notes)
+
+
+def task_table(frame: pd.DataFrame, benchmark: str) -> Table:
+    """Task x method at each compression ratio; the no-compression column is repeated in every section."""
+    frame = frame[frame.benchmark == benchmark]
+    scored = frame.dropna(subset=["task"])
+    runs = run_level(frame)
+    if runs.model.nunique() > 1:
+        runs = runs.assign(label=runs.label + " (" + runs.model + ")")
+    partial = scored.partial.map({True: "*", False: ""})
+    text = scored.task_score.map(fmt_number) + " n=" + scored.task_n.astype(str) + partial
+    cells = scored.assign(text=text).pivot(index="task", columns="run", values="text")
+    sections = []
+    for cr in compressed_ratios(runs) or [0.0]:
+        compressed = runs[~runs.reference & (runs.ratio == cr)]
+        shown = pd.concat([runs[runs.reference], compressed.sort_values(["model", "query_aware", "method", "variant"])])
+        body = cells.reindex(columns=shown.run).fillna("")
+        body.loc["**score**"] = shown.score.map(fmt_number).to_numpy()
+        section = pd.DataFrame(body.reset_index().to_numpy(), columns=["task", *shown.label])
+        sections.append((f"#### {fmt_cr(cr)}", section))
+    ordered = scored.sort_values(["cr", "model", "query_aware", "method", "variant", "task"])
+    columns = ["benchmark", "model", "method", "query_aware", "cr", "task", "task_score", "task_n", "partial"]
+    data = ordered.assign(method=row_method(ordered))[columns].rename(columns=_CSV_NAMES)
+    return Table(f"{benchmark}_tasks", f"{benchmark}: per-task scores", data, sections, partial_note(runs))
+
+
+def runs_table(frame: pd.DataFrame) -> Table:
+    """Every run with every figure the other tables show, one row each."""
+    frame = run_level(frame).sort_values(["benchmark", "model", "method", "variant", "cr"], kind="stable")
+    columns = "benchmark model model_id method variant query_aware cr score ci_low ci_high n partial".split()
+    columns += "partial_reasons status kept_ratio wall_seconds peak_memory_mb run_dir".split()
+    data = frame.assign(partial_reasons=frame.partial_reasons.str.join("; "))[columns]
+    return Table("runs", "Runs", data.rename(columns=_CSV_NAMES))
+
+
+def cost_table(frame: pd.DataFrame) -> Table:
+    """Every run's cost beside its score: seconds by phase, decoding speed, forward passes per question, peak memory,
+    and the KV bytes each context's cache physically held against those its press counts as kept."""
+    frame = run_level(frame).sort_values(["benchmark", "model", "method", "variant", "cr"], kind="stable")
+    columns = ["benchmark", "model", "method", "variant", "query_aware", "cr", "score", *COST_COLUMNS]
+    columns += ["wall_seconds", "peak_memory_mb"]
+    data = frame[columns].rename(columns=_CSV_NAMES)
+    kv_columns = ("kv_bytes_held_per_context", "kv_bytes_kept_per_context")
+    counted = ("generated_tokens",)
+    measured = [name for name in data.columns[6:] if name not in kv_columns + counted]
+    shown = data.assign(
+        **{name: data[name].map(fmt_number) for name in measured},
+        **{name: data[name].map(lambda value: "-" if pd.isna(value) else f"{value:.0f}") for name in counted},
+        **{name: data[name].map(fmt_mib) for name in kv_columns},
+    ).rename(columns={"kv_bytes_held_per_context": "KV MiB held", "kv_bytes_kept_per_context": "KV MiB kept"})
+    notes = [
+        "KV MiB per context: held is what the compressed cache physically stores (masking presses keep every pair), "
+        "kept is what the press counts as kept. Seconds are each run's own share of a sweep's shared work."
+    ]
+    return Table("cost", "Cost beside quality", data, [("", shown)], notes)
+
+
+def fmt_mib(value: float | None) -> str:
+    return "-" if pd.isna(value) else f"{value / 2**20:.2f}"
+
+
+# The likelihood fields as the tables head them.
+LIKELIHOOD_HEADINGS = {
+    "answer_nll": "answer NLL",
+    "answer_nll_uncompressed": "uncompressed NLL",
+    "answer_kl": "answer KL",
+    "answer_top1": "top-1 agreement",
+}
+
+
+def fmt_likelihood(value: float | None, low: float | None = None, high: float | None = None) -> str:
+    """``value [low, high]`` to 3 decimals (the fields are nats and shares, far below 1 where a press does well)."""
+    if pd.isna(value):
+        return "-"
+    return f"{value:.3f}" + ("" if pd.isna(low) else f" [{low:.3f}, {high:.3f}]")
+
+
+def likelihood_tables(frame: pd.DataFrame) -> list[Table]:
+    """The likelihood fields of every run that has them (evaluate/engine/likelihood.py): ``likelihood``, each field's
+    headline (the unweighted mean of its task means) with its bootstrap 95% interval, a row per run; and
+    ``likelihood_tasks``, the task means, a row per run x task. None of them without such runs."""
+    runs = run_level(frame).dropna(subset=["answer_kl"])
+    if runs.empty:
+        return []
+    runs = runs.sort_values(["benchmark", "model", "query_aware", "cr", "method", "variant"], kind="stable")
+    models = {"model": runs.model} if runs.model.nunique() > 1 else {}
+    shown = pd.DataFrame({"benchmark": runs.benchmark, **models, "method": runs.label, "cr": runs.cr.map(fmt_cr)})
+    for name, heading in LIKELIHOOD_HEADINGS.items():
+        shown[heading] = [fmt_likelihood(*values) for values in runs[[name, f"{name}_low", f"{name}_high"]].to_numpy()]
+    shown["n"] = runs.likelihood_n.astype(str)
+    columns = ["benchmark", "model", "method", "query_aware", "cr"]
+    columns += [f"{name}{end}" for name in LIKELIHOOD_FIELDS for end in ("", "_low", "_high")] + ["likelihood_n"]
+    data = runs.assign(method=row_method(runs))[columns].rename(columns={**_CSV_NAMES, "likelihood_n": "n"})
+    notes = [
+        "Per sample, the reference answer teacher-forced on the compressed cache: its mean negative log-likelihood "
+        "per token (nats), that on the uncompressed cache, the mean KL(uncompressed ‖ compressed) of the next-token "
+        "distributions, and the share of answer positions whose most likely token is unchanged (docs/metrics.md). "
+        "Each is the unweighted mean of its task means"
+        + (
+            ", with its bootstrap 95% interval (contexts resampled within each task)."
+            if runs.answer_kl_low.notna().any()
+            else "."
+        )
+    ]
+    title = "Quality without generation: answer likelihood and divergence from the uncompressed model"
+    headline = Table("likelihood", title, data, [("", shown.reset_index(drop=True))], notes + interval_notes(runs))
+    tasks = frame.dropna(subset=["task_answer_kl"]).sort_values(
+        ["benchmark", "model", "query_aware", "cr", "method", "variant", "task"], kind="stable"
+    )
+    task_columns = ["benchmark", "model", "method", "query_aware", "cr", "task"]
+    task_columns += [f"task_{name}" for name in LIKELIHOOD_FIELDS] + ["task_likelihood_n"]
+    task_data = tasks.assign(method=row_method(tasks))[task_columns]
+    task_data = task_data.rename(columns={"cr": "compression_ratio", "task_likelihood_n": "n"})
+    task_data = task_data.rename(columns=lambda column: column.removeprefix("task_") if column != "task" else column)
+    sections = []
+    for benchmark, members in tasks.groupby("benchmark"):
+        kl = members.assign(row=members.label + " " + members.cr.map(fmt_cr)).pivot_table(
+            index="task", columns="row", values="task_answer_kl", sort=False
+        )
+        body = kl.map(fmt_likelihood).reset_index()
+        sections.append((f"#### {benchmark}: answer KL by task", body))
+    return [headline, Table("likelihood_tasks", "Answer KL by task", task_data, sections)]

@@ -1,0 +1,243 @@
+"""The one writer of a run directory: predictions, config.yaml, run.json, metrics.json, and the tracker.
+
+Predictions are appended per context as soon as they exist (evaluate/rundir.py makes every write crash-safe), so a
+rerun of the same command resumes where a crash stopped.
+"""
+
+import logging
+import resource
+import sys
+from dataclasses import asdict, dataclass, field, fields
+from datetime import datetime, timezone
+from importlib.metadata import version
+
+import torch
+from omegaconf import OmegaConf
+
+from evaluate import rundir
+from evaluate.benchmarks import Sample
+from evaluate.engine.cost import Cost
+from evaluate.run.tracking import Tracker
+from evaluate.score.rescore import score_rows
+from evaluate.score.tables import format_task_table
+from evaluate.spec.config import effective_cr
+from evaluate.spec.plan import Plan, sample_identity
+
+logger = logging.getLogger(__name__)
+
+
+def peak_memory_mb(device: str) -> float:
+    if device.startswith("cuda"):
+        return torch.cuda.max_memory_allocated() / 2**20
+    # ru_maxrss is in KiB on Linux.
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+@dataclass
+class RunStats:
+    """Cumulative over every process that worked on the run, so a resumed run reports its full cost.
+
+    ``wall_seconds`` is this run's own share of the work (its contexts' prefill, compression and decoding shares),
+    so that points of one sweep do not each report the sweep's whole time. ``contexts`` counts the compressed caches
+    the byte totals are over.
+    """
+
+    cost: Cost = field(default_factory=Cost)
+    contexts: int = 0
+    questions: int = 0
+    sessions: int = 0
+    started_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+    @classmethod
+    def resume(cls, previous: dict | None) -> "RunStats":
+        if not previous:
+            return cls(sessions=1)
+        # Runs recorded before the totals existed kept the phase seconds at the top level.
+        totals = previous.get("totals") or previous
+        return cls(
+            cost=Cost(**{f.name: totals.get(f.name) or 0 for f in fields(Cost)}),
+            contexts=previous.get("contexts", 0),
+            questions=previous.get("questions", 0),
+            sessions=previous.get("sessions", 0) + 1,
+            started_at=previous.get("started_at") or datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        )
+
+    def record(self) -> dict:
+        """run.json's cost fields: per run, per question and per context."""
+        cost = self.cost
+        return {
+            "wall_seconds": round(cost.seconds, 3),
+            "prefill_seconds": round(cost.prefill_seconds, 3),
+            "compress_seconds": round(cost.compress_seconds, 3),
+            "decode_seconds": round(cost.decode_seconds, 3),
+            "likelihood_seconds": round(cost.likelihood_seconds, 3),
+            "generated_tokens": cost.generated_tokens,
+            "decode_tokens_per_second": round(cost.generated_tokens / cost.decode_seconds, 2)
+            if cost.decode_seconds
+            else None,
+            "forward_passes_per_question": round(cost.forward_passes / self.questions, 4) if self.questions else None,
+            "kv_bytes_held_per_context": round(cost.kv_bytes_held / self.contexts) if self.contexts else None,
+            "kv_bytes_kept_per_context": round(cost.kv_bytes_kept / self.contexts) if self.contexts else None,
+            "contexts": self.contexts,
+            "questions": self.questions,
+            "totals": asdict(cost),
+        }
+
+
+def config_record(plan: Plan) -> dict:
+    return {
+        "method": plan.method,
+        "compression_ratio": effective_cr(plan.cfg),
+        "fingerprint": plan.fingerprint,
+        "press": repr(plan.press),
+        "device": plan.device,
+        "versions": {
+            "python": sys.version.split()[0],
+            **{name: version(name) for name in ("torch", "transformers", "kvpress", "pressbench")},
+        },
+        # The attention that ran, where the config left it to kvpress's rule (null).
+        "config": {**OmegaConf.to_container(plan.cfg, resolve=True), "attn_implementation": plan.attention},
+    }
+
+
+class Recorder:
+    """Writes one planned run: starts its session, records each answered context, closes it with its metrics."""
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        self.predictions = plan.out / rundir.PREDICTIONS
+        self.done_ids = {row["id"] for row in plan.kept_rows}
+        self.n_errors = sum(1 for row in plan.kept_rows if row.get("error"))
+        self.truncated: int | None = None
+        self.tracker = Tracker()
+
+    def start(self) -> None:
+        """Make the directory match the plan (earlier rows dropped by overwrite or retry_errors) and open a session."""
+        plan = self.plan
+        if not plan.todo:
+            recorded = rundir.read_json(plan.out / rundir.RUN) or {}
+            if recorded.get("status") not in rundir.FINISHED:
+                # Stopped after its last answer but before it closed (SIGKILL): this session only closes it.
+                self.stats = RunStats.resume(recorded)
+                self._write_run(self._finished_status())
+            print(f"{plan.out} is already complete ({len(plan.samples)} samples); pass overwrite=true to redo it")
+            return
+        if plan.cfg.overwrite:
+            for name in (rundir.PREDICTIONS, rundir.METRICS, rundir.RUN, rundir.CONFIG):
+                (plan.out / name).unlink(missing_ok=True)
+        elif plan.cfg.retry_errors:
+            # The plan dropped the failed rows: the file keeps only what the plan kept.
+            rundir.rewrite_predictions(self.predictions, plan.kept_rows)
+        rundir.write_yaml(plan.out / rundir.CONFIG, config_record(plan))
+        self.stats = RunStats.resume(rundir.read_json(plan.out / rundir.RUN))
+        self._write_run("running")
+        self.tracker = Tracker.from_config(plan.cfg, plan.out.name)
+
+    def note_truncated(self, count: int) -> None:
+        self.truncated = count
+
+    def record(
+        self,
+        group: list[Sample],
+        answers: list[str],
+        kept_ratio: float | None,
+        context_length: int | None,
+        error: str | None,
+        cost: Cost,
+        likelihood: list[dict] | None = None,
+    ) -> None:
+        """Append the group's rows; ``likelihood`` holds each sample's likelihood fields (empty where it has none)."""
+        rundir.append_predictions(
+            self.predictions,
+            (
+                {
+                    **sample_identity(sample),
+                    "prediction": answer,
+                    "max_new_tokens": sample.max_new_tokens,
+                    "compression_ratio": effective_cr(self.plan.cfg),
+                    "kept_ratio": kept_ratio,
+                    "context_length": context_length,
+                    **sample.extra,
+                    **fields,
+                    **({"error": error} if error else {}),
+                }
+                for sample, answer, fields in zip(group, answers, likelihood or [{}] * len(group), strict=True)
+            ),
+        )
+        self.n_errors += len(group) if error else 0
+        self.stats.cost += cost
+        if not error:
+            self.stats.contexts += 1
+            self.stats.questions += len(group)
+        self.done_ids.update(sample.id for sample in group)
+        self._write_run("running")
+        self.tracker.log_progress(
+            len(self.done_ids),
+            len(self.plan.samples),
+            wall_seconds=self.stats.cost.seconds,
+            prefill_seconds=self.stats.cost.prefill_seconds,
+            decode_seconds=self.stats.cost.decode_seconds,
+            kept_ratio=kept_ratio,
+            errors=self.n_errors,
+        )
+
+    def fail(self, group: list[Sample], failure: Exception) -> tuple[list[str], None, None, str]:
+        """Answers for a context that raised: empty and marked, unless the run must stop at the first error."""
+        if self.plan.cfg.fail_fast:
+            raise failure
+        # One bad context must not kill a sweep: record it, count it as wrong, and go on.
+        error = f"{type(failure).__name__}: {failure}"
+        logger.warning("context of %s failed and is scored as wrong: %s", group[0].id, error)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return [""] * len(group), None, None, error
+
+    def interrupted(self) -> None:
+        if self.plan.todo:
+            self._write_run("interrupted")
+            self.tracker.finish(exit_code=1)
+
+    def close(self) -> dict:
+        """Finish the session and score every prediction of the run; returns metrics.json's content."""
+        plan = self.plan
+        if plan.todo:
+            self._write_run(self._finished_status())
+            if self.n_errors:
+                logger.warning(
+                    "%d samples failed; they count as wrong answers (see the error field in predictions)",
+                    self.n_errors,
+                )
+        rows = rundir.read_predictions(self.predictions)
+        # Answered in kvpress's order (contexts sorted), kept in the benchmark's, as kvpress's predictions.csv is.
+        position = {sample.id: index for index, sample in enumerate(plan.samples)}
+        in_order = sorted(rows, key=lambda row: position.get(row["id"], len(position)))
+        if in_order != rows:
+            rundir.rewrite_predictions(self.predictions, in_order)
+            rows = in_order
+        metrics = score_rows(plan.benchmark, rows)
+        rundir.write_json(plan.out / rundir.METRICS, metrics)
+        print(format_task_table(metrics, title=plan.out.name))
+        print(f"results in {plan.out}")
+        if plan.todo:
+            self.tracker.log_metrics(metrics, rows, plan.benchmark, rundir.read_json(plan.out / rundir.RUN))
+        self.tracker.finish()
+        return metrics
+
+    def _finished_status(self) -> str:
+        return rundir.FINISHED[1] if self.n_errors else rundir.FINISHED[0]
+
+    def _write_run(self, status: str) -> None:
+        record = {
+            "status": status,
+            "samples": len(self.done_ids),
+            "samples_expected": len(self.plan.samples),
+            "errors": self.n_errors,
+            "truncated_samples": self.truncated,
+            **self.stats.record(),
+            "peak_memory_mb": round(peak_memory_mb(self.plan.device), 1),
+            "device": self.plan.device,
+            "sessions": self.stats.sessions,
+            "started_at": self.stats.started_at,
+            "updated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }
+        rundir.write_json(self.plan.out / rundir.RUN, record)

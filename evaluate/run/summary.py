@@ -1,0 +1,156 @@
+"""The lines a run or a sweep ends with: headlines next to the uncompressed score, failures, files, what to run next."""
+
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from evaluate import rundir
+from evaluate.report.runs import flatten
+from evaluate.spec.config import NON_RESULT_KEYS, effective_cr, method_name, run_dir
+
+# Overrides that choose the press; the uncompressed run of the same samples drops them.
+PRESS_OVERRIDES = ("press=", "press.", "scorer=", "scorer.", "cr=", "+press.", "+scorer.", "method=")
+
+
+def _command_line_overrides() -> list[str]:
+    """The run's overrides, the last one of each key only (as Hydra applies them: `make run ARGS=press=none`)."""
+    overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    last = {override.split("=", 1)[0]: override for override in overrides}
+    return list(last.values())
+
+
+def uncompressed_score(cfg: DictConfig, sample_ids: set[str]) -> tuple[float, Path] | None:
+    """The headline a finished ``no_press`` run under ``output_dir`` gives on exactly these samples, if one exists."""
+    wanted = {key: OmegaConf.to_container(cfg[key], resolve=True) for key in ("benchmark", "model")}
+    for config_path in sorted(Path(cfg.output_dir).glob("*/" + rundir.CONFIG)):
+        recorded = rundir.read_yaml(config_path) or {}
+        config = recorded.get("config", {})
+        if recorded.get("method") != "no_press" or config.get("query_aware") != cfg.query_aware:
+            continue
+        if any(config.get(key) != value for key, value in wanted.items()):
+            continue
+        try:
+            recorded_rows = rundir.read_predictions(config_path.parent / rundir.PREDICTIONS)
+        except rundir.DamagedPredictions:  # not a reference to compare with until it is repaired
+            continue
+        rows = [row for row in recorded_rows if row["id"] in sample_ids and not row.get("error")]
+        if {row["id"] for row in rows} == sample_ids:
+            return instantiate(cfg.benchmark).score(rows)["score"], config_path.parent
+    return None
+
+
+def likelihood_summary(likelihood: dict) -> str:
+    return (
+        f"answer KL {likelihood['answer_kl']:.4g} from the uncompressed model, top-1 kept at "
+        f"{100 * likelihood['answer_top1']:.1f} %, answer NLL {likelihood['answer_nll']:.3f} "
+        f"(uncompressed {likelihood['answer_nll_uncompressed']:.3f})"
+    )
+
+
+def run_summary(cfg: DictConfig, metrics: dict) -> str:
+    out = run_dir(cfg)
+    rows = rundir.read_predictions(out / rundir.PREDICTIONS)
+    kept = [row["kept_ratio"] for row in rows if row.get("kept_ratio") is not None]
+    method = method_name(cfg)
+    lines = [
+        f"{method} at cr {effective_cr(cfg):.2f} on {cfg.benchmark.name} ({cfg.model.name}, {len(rows)} samples): "
+        + ", ".join(
+            [
+                *([f"score {metrics['score']}"] if metrics.get("score") is not None else []),
+                *([likelihood_summary(metrics["likelihood"])] if metrics.get("likelihood") else []),
+                *([f"{100 * sum(kept) / len(kept):.1f} % of the KV pairs kept on average"] if kept else []),
+            ]
+        )
+    ]
+    failed = [row["error"] for row in rows if row.get("error")]
+    if failed:
+        lines.append(
+            f"{len(failed)} of {len(rows)} samples failed and count as wrong answers; the first: {failed[0]} "
+            "(rerun with retry_errors=true to answer them again)"
+        )
+    overrides = _command_line_overrides()
+    others = [override for override in overrides if not override.startswith(PRESS_OVERRIDES)]
+    if method != "no_press":
+        found = uncompressed_score(cfg, {row["id"] for row in rows})
+        if found is not None:
+            lines.append(f"uncompressed, same samples: score {found[0]} ({found[1]})")
+        else:
+            uncompressed = shlex.join(["press=none", *others])
+            lines.append(f"uncompressed score of these samples: python -m evaluate {uncompressed}")
+    lines.append(f"files: {out}/ (predictions.jsonl, metrics.json, run.json, config.yaml)")
+    press = [override for override in overrides if override.startswith(("press=", "scorer=", "method="))]
+    if method == "no_press":
+        press = []  # a sweep of ratios means a press that compresses
+    report = shlex.quote(str(cfg.output_dir))
+    lines.append(f"next: python -m evaluate.report {report}   (tables and plots of every run)")
+    sweep = shlex.join(["-m", *(press or ["press=chunkkv,eg_chunkkv"]), *others, "cr=0.5,0.7,0.9"])
+    lines.append(f"      python -m evaluate {sweep}   (a sweep: one model load, one prefill per context)")
+    return "\n".join(lines)
+
+
+def failed_samples(metrics: dict) -> tuple[int, int]:
+    """How many of a run's samples failed, and how many it has."""
+    return int(metrics.get("n_errors", 0)), sum(int(task.get("n", 0)) for task in metrics["tasks"].values())
+
+
+def _settings(cfg: DictConfig) -> dict[str, str]:
+    """A point's result settings but the press and ratio (its method names those), flattened to dotted keys."""
+    data = OmegaConf.to_container(cfg, resolve=True)
+    kept = {key: value for key, value in data.items() if key not in {*NON_RESULT_KEYS, "cr", "press", "scorer"}}
+    return {key: str(value) for key, value in flatten(kept).items()}
+
+
+def _headline(metrics: dict | None) -> str:
+    """A point's cell: its score ('-' without one: left to another process, or generate=false), and its answer
+    KL when it has the likelihood fields."""
+    if metrics is None:
+        return "-"
+    kl = f"{metrics['likelihood']['answer_kl']:.3g}" if metrics.get("likelihood") else None
+    if metrics.get("score") is None:
+        return kl or "-"
+    return f"{metrics['score']} ({kl})" if kl else str(metrics["score"])
+
+
+def sweep_summary(cfgs: Sequence[DictConfig], metrics: Sequence[dict | None]) -> str:
+    """The lines a sweep ends with: every point's headline in one method x cr table (rows also split by any other
+    setting the points differ in; '-' for a point left to another process), then the points whose samples failed."""
+    settings = pd.DataFrame([_settings(cfg) for cfg in cfgs])
+    differing = [key for key in settings.columns if settings[key].nunique(dropna=False) > 1]
+    points = settings[differing].assign(
+        method=[method_name(cfg) for cfg in cfgs],
+        cr=[f"{effective_cr(cfg):.2f}" for cfg in cfgs],
+        score=[_headline(result) for result in metrics],
+    )
+    # Points that differ only in a setting this table leaves out (a press knob) share a cell, joined by " / ".
+    table = points.pivot_table(index=["method", *differing], columns="cr", values="score", aggfunc=" / ".join)
+    scored = any(result and result.get("score") is not None for result in metrics)
+    with_kl = any(result and result.get("likelihood") for result in metrics)
+    shown = {(True, True): "score (answer KL)", (True, False): "score", (False, True): "answer KL"}.get(
+        (scored, with_kl), "score"
+    )
+    lines = [f"sweep of {len(cfgs)} points, {shown} by method and cr:", table.fillna("").to_string()]
+    failed = []
+    for cfg, result in zip(cfgs, metrics, strict=True):
+        errors, samples = failed_samples(result) if result is not None else (0, 0)
+        if errors:
+            rows = rundir.read_predictions(run_dir(cfg) / rundir.PREDICTIONS)
+            first = next(row["error"] for row in rows if row.get("error"))
+            failed.append(f"  {run_dir(cfg)}: {errors} of {samples} samples failed; the first: {first}")
+    if failed:
+        lines += [f"{len(failed)} points had failed samples (rerun with retry_errors=true to answer them again):"]
+        lines += failed
+    return "\n".join(lines)
+
+
+def interrupted_summary(cfgs: Sequence[DictConfig]) -> str:
+    """The one line a run or sweep stopped by Ctrl-C ends with: what it kept, and the command that resumes it."""
+    kept = sum(len(rundir.read_predictions(run_dir(cfg) / rundir.PREDICTIONS)) for cfg in cfgs)
+    where = run_dir(cfgs[0]) if len(cfgs) == 1 else cfgs[0].output_dir
+    command = shlex.join(["python", "-m", "evaluate", *sys.argv[1:]])
+    return f"interrupted: {kept} samples kept in {where}; rerun to resume: {command}"

@@ -1,0 +1,183 @@
+"""Weights & Biases logging, selected by the ``wandb`` config group: ``wandb=disabled|offline|online``.
+
+``disabled`` (the default) never imports wandb; ``offline`` writes runs under ``wandb.dir`` (or ``$WANDB_DIR``, or
+``./wandb``) for a later ``wandb sync DIR``. A run logs its config and progress, then its metrics, timings and sampled
+predictions; the runs of one Hydra multirun share a ``group``. ``python -m evaluate.report --wandb`` logs a report to
+one summary run. A wandb failure turns the tracker off with a warning, never stopping an evaluation; a missing wandb
+package, or an unknown mode, is refused before the model loads.
+"""
+
+import logging
+import random
+from collections.abc import Sequence
+from contextlib import suppress
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from evaluate.engine.likelihood import FIELDS as LIKELIHOOD_FIELDS
+from evaluate.score.bootstrap import sample_scores
+from evaluate.spec.config import ConfigError
+
+if TYPE_CHECKING:
+    from evaluate.report.build import Report
+
+logger = logging.getLogger(__name__)
+
+MODES = ("disabled", "offline", "online")
+
+
+def _import_wandb(mode: str):
+    try:
+        import wandb
+    except ImportError:
+        raise ConfigError(
+            f"wandb.mode={mode} needs the wandb package: pip install 'pressbench[wandb]' (or wandb.mode=disabled)"
+        ) from None
+    return wandb
+
+
+def sweep_group() -> str | None:
+    """The folder name of the current Hydra multirun, shared by all its jobs; None outside a multirun."""
+    with suppress(Exception):  # Hydra internals differ across launchers; no group is better than a crash
+        if HydraConfig.initialized() and (hydra_cfg := HydraConfig.get()).mode == RunMode.MULTIRUN:
+            return f"sweep-{Path(hydra_cfg.sweep.dir).name}"
+    return None
+
+
+class Tracker:
+    """wandb logging for one run. Every method is a no-op when tracking is disabled or has failed."""
+
+    def __init__(self, run=None, wandb_module=None, table_rows: int = 200, seed: int = 0):
+        self._run, self._wandb, self.table_rows, self.seed = run, wandb_module, table_rows, seed
+
+    @property
+    def enabled(self) -> bool:
+        return self._run is not None
+
+    @property
+    def run_dir(self) -> Path | None:
+        """Where wandb writes this run (offline: the folder ``wandb sync`` takes)."""
+        return Path(self._run.dir).parent if self._run is not None else None
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig, run_name: str) -> "Tracker":
+        """Start a wandb run for ``cfg`` as the ``wandb`` group configures it; disabled when the group is absent."""
+        settings = cfg.get("wandb") or {}
+        mode = str(settings.get("mode", "disabled"))
+        if mode not in MODES:
+            raise ConfigError(f"wandb.mode={mode!r}; choose one of {', '.join(MODES)}")
+        if mode == "disabled":
+            return cls()
+        wandb = _import_wandb(mode)
+        run = wandb.init(
+            mode=mode,
+            project=settings.get("project") or "pressbench",
+            entity=settings.get("entity"),
+            group=settings.get("group") or sweep_group(),
+            job_type=cfg.benchmark.name,
+            name=run_name,
+            tags=list(settings.get("tags") or []),
+            dir=settings.get("dir"),
+            config=OmegaConf.to_container(cfg, resolve=True),
+            reinit="create_new",  # a sequential multirun logs each job to its own run
+        )
+        return cls(run, wandb, table_rows=int(settings.get("table_rows", 200)), seed=int(cfg.seed))
+
+    def _safely(self, action, *args) -> None:
+        if self._run is None:
+            return
+        try:
+            action(*args)
+        except Exception as error:  # tracking is an extra; the evaluation itself must go on
+            logger.warning("wandb logging failed and is turned off for this run: %s", error)
+            self._run = None
+
+    def log_progress(self, samples_done: int, samples_expected: int, **values: float | None) -> None:
+        """Progress after each context: samples done, and any timings or the context's kept ratio."""
+        record = {"progress/samples": samples_done, "progress/fraction": samples_done / max(1, samples_expected)}
+        record.update({f"progress/{key}": value for key, value in values.items() if value is not None})
+        self._safely(lambda: self._run.log(record, step=samples_done))
+
+    def log_metrics(self, metrics: dict, rows: Sequence[dict], benchmark, run_record: dict | None = None) -> None:
+        """The finished run: headline, per-task metrics, kept ratio, timings, memory, sampled predictions."""
+        self._safely(self._log_metrics, metrics, rows, benchmark, run_record or {})
+
+    def _log_metrics(self, metrics: dict, rows: Sequence[dict], benchmark, run_record: dict) -> None:
+        tasks: dict[str, dict] = metrics.get("tasks", {})
+        summary: dict[str, Any] = {"score": metrics.get("score"), "samples": len(rows)}
+        for task, values in tasks.items():
+            summary |= {f"tasks/{task}/{key}": value for key, value in values.items() if isinstance(value, int | float)}
+        if kept := [row["kept_ratio"] for row in rows if row.get("kept_ratio") is not None]:
+            summary["kept_ratio"] = sum(kept) / len(kept)
+        timings = ("wall_seconds", "prefill_seconds", "decode_seconds", "peak_memory_mb", "errors")
+        summary |= {key: run_record[key] for key in timings if run_record.get(key) is not None}
+        other = {key: value for key, value in metrics.items() if key not in ("tasks", "score", "benchmark")}
+        summary |= {key: value for key, value in other.items() if isinstance(value, int | float)}
+        likelihood = metrics.get("likelihood") or {}  # the likelihood fields' means: headline, then per task
+        summary |= {f"likelihood/{key}": value for key, value in likelihood.items() if isinstance(value, int | float)}
+        for task, values in likelihood.get("tasks", {}).items():
+            summary |= {f"likelihood/tasks/{task}/{key}": value for key, value in values.items()}
+        self._run.summary.update(summary)
+        task_rows = [[task, values.get("score"), values.get("n")] for task, values in tasks.items()]
+        task_table = self._wandb.Table(columns=["task", "score", "n"], data=task_rows)
+        self._run.log({"tasks": task_table, "predictions": self._predictions_table(rows, benchmark)})
+
+    def _predictions_table(self, rows: Sequence[dict], benchmark):
+        """Up to ``table_rows`` predictions drawn with the run's seed; ``correct`` is the sample's score / 100."""
+        picked = list(rows)
+        picked = random.Random(self.seed).sample(picked, self.table_rows) if len(picked) > self.table_rows else picked
+        # generate=false rows hold no prediction to score.
+        generated = all(row.get("prediction") is not None for row in picked)
+        scores = sample_scores(benchmark, picked) if generated else [None] * len(picked)
+        data = []
+        for row, score in zip(picked, scores, strict=True):
+            answers = " | ".join(map(str, a)) if isinstance(a := row.get("answers"), list) else str(a)
+            correct = None if score is None else score / 100
+            cells = [row.get("id"), row["task"], row.get("question"), answers, row["prediction"], correct]
+            data.append(cells + [row.get(name) for name in LIKELIHOOD_FIELDS])
+        columns = ["id", "task", "question", "answers", "prediction", "correct", *LIKELIHOOD_FIELDS]
+        return self._wandb.Table(columns=columns, data=data)
+
+    def finish(self, exit_code: int = 0) -> None:
+        """Close the wandb run; a non-zero exit code marks it failed (an interrupted run)."""
+        self._safely(lambda: self._run.finish(exit_code=exit_code))
+        self._run = None
+
+
+def _table(wandb, frame, **options):
+    """A DataFrame as a ``wandb.Table``."""
+    return wandb.Table(columns=list(frame.columns), data=frame.astype(object).to_numpy().tolist(), **options)
+
+
+def log_report(report: "Report", plots: Sequence[Path], mode: str, project: str = "pressbench", dir=None) -> str:
+    """Log every table (as its CSV file holds it), every plot, and a score-against-cr chart per benchmark (and an
+    answer-KL one where runs have the likelihood fields) to one summary run; returns the run's URL (online) or its
+    local folder (offline)."""
+    wandb = _import_wandb(mode)
+    runs = report.frame.drop_duplicates("run")
+    benchmarks = sorted(runs.benchmark.unique())
+    name, config = f"report-{datetime.now():%Y-%m-%d_%H-%M-%S}", {"runs": len(runs), "benchmarks": benchmarks}
+    run = wandb.init(
+        mode=mode, project=project, job_type="report", name=name, dir=dir, config=config, reinit="create_new"
+    )
+    try:
+        record = {f"tables/{t.name}": _table(wandb, t.cells(), allow_mixed_types=True) for t in report.tables()}
+        for benchmark in benchmarks:
+            for value, suffix, title in (("score", "", "score"), ("answer_kl", "_kl", "answer KL")):
+                measured = runs[(runs.benchmark == benchmark) & runs[value].notna()]
+                if measured.empty:
+                    continue  # generate=false runs have no score; runs made with likelihood=false no KL
+                points = measured.assign(method=measured.label + " · " + measured.model, compression_ratio=measured.cr)
+                chart = _table(wandb, points[["method", "compression_ratio", value]])
+                line = {"stroke": "method", "title": f"{benchmark}: {title} vs cr"}
+                record[f"charts/{benchmark}{suffix}"] = wandb.plot.line(chart, "compression_ratio", value, **line)
+        record |= {f"plots/{Path(path).stem}": wandb.Image(str(path)) for path in plots}
+        run.log(record)
+        return run.url if mode == "online" else str(Path(run.dir).parent)
+    finally:
+        run.finish()

@@ -1,0 +1,3 @@
+from evaluate.score.rescore import main
+
+main()

@@ -1,0 +1,334 @@
+"""Checks and derived names for a composed run configuration.
+
+Everything here runs before the model loads, so a bad run fails in the first second.
+"""
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import socket
+from collections.abc import Mapping
+from functools import cache, lru_cache
+from pathlib import Path
+
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from kvpress import BasePress
+from omegaconf import DictConfig, OmegaConf
+
+from evaluate import registry
+from evaluate.errors import ConfigError
+from evaluate.spec.press_traits import (
+    changes_the_model,
+    downloads,
+    kvpress_defect,
+    needs_eager,
+    needs_non_eager,
+    needs_query_aware,
+    why_not_teacher_forced,
+)
+
+logger = logging.getLogger(__name__)
+
+# pipeline: kvpress's pipeline cuts the templated context's tokens at max_context_length (else the tokenizer's
+# model_max_length), as every published number was run; head/middle: the harness cuts the raw context beforehand.
+TRUNCATION_POLICIES = ("pipeline", "head", "middle")
+
+# Keys that never change a prediction: where results go, how many samples, which device runs them.
+NON_RESULT_KEYS = (
+    "limit",
+    "fraction",
+    "output_dir",
+    "overwrite",
+    "device",
+    "fail_fast",
+    "retry_errors",
+    "wandb",
+    "decode_batch_size",
+    "decode_memory",
+    "wait_for_locks",
+    # Adds the likelihood fields beside each prediction; the predictions are the same either way.
+    "likelihood",
+    # Which tables the report draws (an experiment preset's report: entry), not what a run computes.
+    "report",
+)
+
+
+def _path_name(name_or_path: str) -> str:
+    return Path(str(name_or_path).rstrip("/")).name
+
+
+OmegaConf.register_new_resolver("path_name", _path_name, replace=True)
+
+
+def compresses(cfg: DictConfig) -> bool:
+    """Whether the configuration compresses at all (press=none and method=no_press do not)."""
+    return cfg.press.press is not None and described_press(cfg) is not None
+
+
+def build_press(cfg: DictConfig) -> BasePress | None:
+    """A new press object for the run (None for press=none); a registry entry's missing knob is a ConfigError."""
+    if cfg.press.press is None:
+        return None
+    return _instantiate(OmegaConf.to_container(cfg.press.press, resolve=True))
+
+
+def described_press(cfg: DictConfig) -> BasePress | None:
+    """The press the configuration describes, to read its classes and arguments, never to run: built once per
+    distinct press configuration, since the checks ask for it many times and some constructors log (KVzip's cost)."""
+    if cfg.press.press is None:
+        return None
+    return _described(json.dumps(OmegaConf.to_container(cfg.press.press, resolve=True), sort_keys=True))
+
+
+@lru_cache(maxsize=256)
+def _described(press_config: str) -> BasePress | None:
+    return _instantiate(json.loads(press_config))
+
+
+def _instantiate(press_config: dict | None) -> BasePress | None:
+    try:
+        return instantiate(press_config)
+    except InstantiationException as error:
+        if isinstance(error.__cause__, ConfigError):
+            raise error.__cause__ from None
+        raise
+
+
+def uses_registry_entry(cfg: DictConfig) -> bool:
+    """Whether the press is a kvpress registry entry (method=<name>, press=registry)."""
+    return cfg.press.press is not None and cfg.press.press.get("_target_") == registry.BUILD_TARGET
+
+
+def refuse_unread_knobs(cfg: DictConfig) -> None:
+    """Refuse a single run's knob that its registry entry does not read: it would only duplicate the run without it.
+    (A sweep may give one knob to several entries; the points that do not read it run without it.)"""
+    if not uses_registry_entry(cfg):
+        return
+    unread = registry.unread_knobs(cfg.press.method, {knob: cfg.get(knob) for knob in registry.RUNNER_KNOBS})
+    if unread:
+        settings = " ".join(f"{knob}={cfg.get(knob)}" for knob in unread)
+        raise ConfigError(
+            f"method={cfg.press.method} does not read {settings}; drop it (it would only duplicate the run without it)"
+        )
+
+
+def uses_scorer(cfg: DictConfig) -> bool:
+    """Whether the press is built from the scorer axis (press=topk, adakv, chunkkv...): every press but none and
+    the registry entries of method=<name>. Read off the press's target, which survives resolving the config (a
+    launcher's workers receive it resolved)."""
+    return compresses(cfg) and cfg.press.press.get("_target_") != registry.BUILD_TARGET
+
+
+def effective_cr(cfg: DictConfig) -> float:
+    """The compression ratio actually applied: presses that do not compress apply 0."""
+    return float(cfg.cr) if compresses(cfg) else 0.0
+
+
+def attention_implementation(cfg: DictConfig) -> str:
+    """The attention the model runs: as given, or kvpress's rule when null (eager for ObservedAttentionPress,
+    flash_attention_2 on CUDA when ``flash_attn`` is installed, else the transformers default, sdpa)."""
+    if cfg.attn_implementation is not None:
+        return cfg.attn_implementation
+    if compresses(cfg) and needs_eager(described_press(cfg)):
+        return "eager"
+    if resolve_device(cfg.device).startswith("cuda") and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return "sdpa"
+
+
+def method_name(cfg: DictConfig) -> str:
+    """The run's method: kvpress's registry name where the press is that entry (evaluate/registry.py)."""
+    return registry.method_name(cfg.press.method, described_press(cfg))
+
+
+def validate_choices(choices: Mapping[str, str | None]) -> None:
+    """Refuse config-group choices that contradict each other (Hydra's ``runtime.choices`` of a run or sweep point):
+    ``method=`` selects ``press=registry``, and a ``press=`` given beside it would win silently."""
+    method, press = choices.get("method"), choices.get("press")
+    if method is not None and press != "registry":
+        raise ConfigError(
+            f"press={press} and method={method} both choose the press; give one: method={method} runs kvpress's "
+            f"registry entry, press={press} the press of conf/press/{press}.yaml"
+        )
+
+
+def validate(cfg: DictConfig) -> None:
+    """Refuse configurations kvpress cannot run, each with a one-line reason."""
+    if not 0 <= cfg.cr < 1:
+        raise ConfigError(f"cr={cfg.cr} is outside [0, 1): cr is the fraction of KV pairs removed, e.g. cr=0.5")
+    if cfg.limit is not None and cfg.limit <= 0:
+        raise ConfigError(f"limit={cfg.limit} must be a positive number of samples per task, or null for all")
+    if not 0 < cfg.fraction <= 1:
+        raise ConfigError(f"fraction={cfg.fraction} is outside (0, 1]: the share of samples to run, e.g. 0.1")
+    if cfg.decode_batch_size < 1:
+        raise ConfigError(f"decode_batch_size={cfg.decode_batch_size} must be at least 1 (1 decodes one by one)")
+    if cfg.decode_memory is not None and cfg.decode_memory <= 0:
+        raise ConfigError(
+            f"decode_memory={cfg.decode_memory} must be a positive number of GiB, or null for the default"
+        )
+    if resolve_device(cfg.device).startswith("cuda") and not _cuda_available():
+        raise ConfigError(
+            f"device={cfg.device}, but torch sees no CUDA GPU on this machine; use device=cpu or device=auto"
+        )
+    _check_writable(Path(cfg.output_dir))
+    if cfg.truncation not in TRUNCATION_POLICIES:
+        raise ConfigError(f"truncation={cfg.truncation!r}; choose one of {', '.join(TRUNCATION_POLICIES)}")
+    if cfg.max_context_length is not None and cfg.max_context_length <= 0:
+        raise ConfigError(f"max_context_length={cfg.max_context_length} must be a positive number of tokens, or null")
+    knobs = {knob: cfg.get(knob) for knob in sorted(registry.RUNNER_KNOBS - {"compression_ratio"})}
+    if uses_registry_entry(cfg):
+        registry.check_knob_ranges(knobs)
+    elif cfg.press.press is not None and any(value is not None for value in knobs.values()):
+        stray = ", ".join(knob for knob, value in knobs.items() if value is not None)
+        raise ConfigError(f"{stray} set the knobs of kvpress's registry entries; use method=<entry>")
+    if not cfg.generate and not cfg.likelihood:
+        raise ConfigError("generate=false with likelihood=false measures nothing; drop one of them")
+    if not compresses(cfg) and cfg.cr > 0:
+        logger.warning("press=none compresses nothing: cr=%s is ignored and the run is recorded at cr=0", cfg.cr)
+    if not compresses(cfg):
+        return
+    press = described_press(cfg)
+    why_not = why_not_teacher_forced(press)
+    if why_not and not cfg.generate:
+        raise ConfigError(f"generate=false needs the likelihood fields, and {method_name(cfg)} has none: {why_not}")
+    if why_not and cfg.likelihood:
+        logger.warning("%s gets no likelihood fields: %s", method_name(cfg), why_not)
+    validate_press(cfg, press, method_name(cfg))
+    if needs_non_eager(press) and attention_implementation(cfg) == "eager":
+        raise ConfigError(
+            f"press {method_name(cfg)} cannot run with attn_implementation=eager "
+            "(kvpress's ChunkKV/AdaKV need sdpa or flash attention); use attn_implementation=sdpa"
+        )
+    if uses_scorer(cfg) and cfg.scorer.get("needs_eager", False) and attention_implementation(cfg) != "eager":
+        raise ConfigError(
+            f"scorer {cfg.scorer.name} reads the attention weights, which only eager attention returns; "
+            "use attn_implementation=eager"
+        )
+
+
+def validate_press(cfg: DictConfig, press, method: str) -> None:
+    """Refuse, in one line, a press that cannot run here: kvpress fails with it, it needs downloads this machine
+    cannot make, or the run lacks what kvpress's runner requires for it."""
+    defect = kvpress_defect(press)
+    if defect:
+        raise ConfigError(f"method {method} cannot run: {defect}")
+    needed = downloads(press)
+    if needed and hub_unreachable():
+        raise ConfigError(
+            f"method {method} needs {needed}, which this machine cannot download ({hub_unreachable()}); "
+            "run it where the Hugging Face hub is reachable"
+        )
+    if needs_query_aware(press) and not cfg.query_aware:
+        raise ConfigError(f"method {method} needs query-aware runs, as kvpress's runner requires; add query_aware=true")
+    if needs_eager(press) and attention_implementation(cfg) != "eager":
+        raise ConfigError(
+            f"method {method} reads the attention weights, which only eager attention returns; "
+            "use attn_implementation=eager (or null, kvpress's choice)"
+        )
+
+
+@cache
+def hub_unreachable() -> str | None:
+    """Why the Hugging Face hub cannot be reached, if it cannot: offline mode, or no connection within 3 s."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE=1"
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=3).close()
+    except OSError as error:
+        return f"huggingface.co: {error}"
+    return None
+
+
+def validate_context_lengths(cfg: DictConfig, shortest_context: int) -> None:
+    """Refuse a scorer whose observation window does not fit in the shortest context."""
+    if not uses_scorer(cfg):
+        return
+    if shortest_context <= cfg.scorer.min_context:
+        raise ConfigError(
+            f"scorer {cfg.scorer.name} needs contexts longer than {cfg.scorer.min_context} tokens but the shortest "
+            f"context has {shortest_context}; lower its window (e.g. scorer.press.window_size=) or use longer contexts"
+        )
+
+
+def result_config(cfg: DictConfig) -> dict:
+    """The resolved configuration minus the keys that cannot change a prediction."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    for key in NON_RESULT_KEYS:
+        resolved.pop(key, None)
+    resolved["cr"] = effective_cr(cfg)
+    for knob in registry.RUNNER_KNOBS:
+        if resolved.get(knob) is None:
+            resolved.pop(knob, None)  # unset knobs do not split runs, nor move the runs recorded before they existed
+    if resolved.get("generate", True):
+        resolved.pop("generate", None)  # generating runs keep the fingerprints they had before generate=false existed
+    if uses_registry_entry(cfg):
+        # A knob the entry does not read (a sweep's key_channel_compression_ratio on its knorm point) changes nothing.
+        for knob in registry.unread_knobs(cfg.press.method, resolved):
+            resolved.pop(knob)
+    # What actually runs, so that a run on flash attention never resumes one on sdpa.
+    resolved["attn_implementation"] = attention_implementation(cfg)
+    if not compresses(cfg):
+        # method=no_press is press=none: one run, whichever way it was asked for.
+        resolved["press"] = {"method": "no_press", "press": None}
+        for knob in registry.RUNNER_KNOBS:
+            resolved.pop(knob, None)
+    if not uses_scorer(cfg):
+        # A press that is not built from the scorer (none, or a registry entry) must not split runs by its choice.
+        resolved.pop("scorer", None)
+    return resolved
+
+
+def fingerprint(cfg: DictConfig) -> str:
+    """A stable hash of everything that can change a prediction."""
+    canonical = json.dumps(result_config(cfg), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def run_name(cfg: DictConfig) -> str:
+    """Readable run directory name; the suffix hashes every result-changing key the name leaves out."""
+    parts = [cfg.benchmark.name, cfg.model.name, method_name(cfg), f"cr{effective_cr(cfg):.2f}"]
+    if cfg.query_aware:
+        parts.append("query_aware")
+    parts.append(fingerprint(cfg)[:6])
+    return "__".join(parts)
+
+
+def run_dir(cfg: DictConfig) -> Path:
+    return Path(cfg.output_dir) / run_name(cfg)
+
+
+def model_key(cfg: DictConfig) -> str:
+    """Configurations with equal keys run on one loaded model: in one sweep, and on one worker of the gpus launcher."""
+    model = OmegaConf.to_container(cfg.model.source, resolve=True)
+    key = [model, cfg.device, cfg.dtype, attention_implementation(cfg), cfg.seed]
+    if compresses(cfg) and changes_the_model(described_press(cfg)):
+        key.append(run_name(cfg))  # a model this press changes serves no other configuration
+    return json.dumps(key, sort_keys=True)
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def resolve_device(device: str) -> str:
+    if device != "auto":
+        return device
+    return "cuda" if _cuda_available() else "cpu"
+
+
+def _check_writable(output_dir: Path) -> None:
+    """Refuse an ``output_dir`` that is a file or sits in a folder this process cannot write, before any run starts."""
+    existing = next(path for path in (output_dir, *output_dir.absolute().parents) if path.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"output_dir={output_dir} is not a folder ({existing} is a file); pass another output_dir")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"output_dir={output_dir} cannot be written ({existing} is read-only); pass another output_dir"
+        )
