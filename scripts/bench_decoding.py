@@ -21,9 +21,10 @@ from transformers import DynamicCache
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from evaluate.engine.decoding import DecodeRequest, decode_all, hidden_keys  # noqa: E402
-from evaluate.engine.layer_masks import fit_masks_to_layers  # noqa: E402
 from evaluate.engine.pipeline import make_pipeline  # noqa: E402
+from evaluate.engine.requests import DecodeRequest, hidden_keys  # noqa: E402
+from evaluate.engine.scheduler import decode_all  # noqa: E402
+from evaluate.models.layer_masks import fit_masks_to_layers  # noqa: E402
 from evaluate.models.random_models import RandomModel  # noqa: E402
 from evaluate.models.sources import EmbeddedGGUFModel  # noqa: E402
 
@@ -47,7 +48,7 @@ def requests(model, pipe, tokens: int, new_tokens: int, rows: int) -> list[Decod
         for module in modules:
             module.masked_key_indices = None
         question = ids["questions_ids"][0].to(model.device)
-        made.append(DecodeRequest(cache, question, ids["context_ids"].shape[1], new_tokens, lambda *a: None, hidden))
+        made.append(DecodeRequest(cache, question, ids["context_ids"].shape[1], new_tokens, hidden))
     return [made[index % len(made)] for index in range(rows)]
 
 

@@ -47,7 +47,7 @@ PACKAGES = (
 IMPORTS = (
     "evaluate.engine.pipeline",
     "evaluate.run.entry",
-    "evaluate.engine.decoding",
+    "evaluate.engine.scheduler",
     "evaluate.models.random_models",
     "evaluate.benchmarks.ruler_synth",
     "presses.eg_chunkkv",
@@ -511,11 +511,11 @@ def ids_tokenizer(tokenizer):
 
 
 def check_batched_decoding(device: str, dtype: str, smoke: bool) -> tuple[str, str]:
-    """evaluate/engine/decoding.py's pool against kvpress's pipeline one question at a time (tests/test_decoding.py's rows:
+    """evaluate/engine/scheduler.py's pool against kvpress's pipeline one question at a time (tests/test_decoding.py's rows:
     caches of five presses, uneven ChunkKV layers, AdaKV masks, three question lengths and budgets)."""
-    from evaluate.engine.decoding import decode_all
-    from evaluate.engine.layer_masks import fit_masks_to_layers
     from evaluate.engine.pipeline import make_pipeline
+    from evaluate.engine.scheduler import decode_all
+    from evaluate.models.layer_masks import fit_masks_to_layers
     from evaluate.models.sources import TinyRandomModel
     from tests.test_decoding import pipeline_tokens, requests_over_points
 

@@ -25,7 +25,7 @@ from kvpress import (
     ThinKPress,
 )
 
-from evaluate.engine.layer_masks import fit_masks_to_layers
+from evaluate.models.layer_masks import fit_masks_to_layers
 from evaluate.models.sources import TinyRandomModel
 from tests.support import FILLER
 
@@ -34,7 +34,7 @@ LIVELY_MODEL = TinyRandomModel(weight_scale=3.0)
 
 # Entries whose layers keep different numbers of pairs: kvpress's pipeline decodes them only under flash attention
 # (bottom-right causal alignment); under sdpa the question's mask fits no layer but the longest. PressBench fits the
-# mask to each layer (evaluate/engine/layer_masks.py, proven equal to token-by-token decoding in tests/test_layer_masks.py),
+# mask to each layer (evaluate/models/layer_masks.py, proven equal to token-by-token decoding in tests/test_layer_masks.py),
 # so their reference is kvpress's pipeline with that hook.
 UNEVEN_LAYERS = frozenset({"pyramidkv", "kvcompose"})
 

@@ -9,9 +9,10 @@ import torch
 from kvpress import AdaKVPress, ChunkKVPress, KnormPress, SnapKVPress
 from transformers import DynamicCache
 
-from evaluate.engine.decoding import DecodeRequest, DecodingPool, decode_all, hidden_keys
-from evaluate.engine.layer_masks import fit_masks_to_layers
 from evaluate.engine.pipeline import make_pipeline
+from evaluate.engine.requests import DecodeRequest, hidden_keys
+from evaluate.engine.scheduler import DecodingPool, decode_all
+from evaluate.models.layer_masks import fit_masks_to_layers
 from evaluate.models.sources import TinyRandomModel
 
 CONTEXT = "Document 7. The grass is green and the sky is blue. The special magic number is 4242. " * 12
@@ -39,10 +40,6 @@ def presses(model, pipe) -> list:
         _uneven_chunkkv[model],
         AdaKVPress(SnapKVPress(compression_ratio=0.6)),
     ]
-
-
-def ignore(tokens, cost) -> None:
-    pass
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen3"])
@@ -74,7 +71,7 @@ def requests_over_points(model, pipe, max_new_tokens: list[int]) -> list[DecodeR
     for press in presses(model, pipe):
         cache, questions, context_length, hidden = compressed(model, pipe, press)
         for question, budget in zip(questions, max_new_tokens, strict=True):
-            requests.append(DecodeRequest(cache, question, context_length, budget, ignore, hidden))
+            requests.append(DecodeRequest(cache, question, context_length, budget, hidden))
     return requests
 
 
@@ -136,7 +133,7 @@ def test_a_row_that_finishes_leaves_and_a_waiting_row_takes_its_slot(setup):
     model, _, pipe = setup
     cache, questions, context_length, hidden = compressed(model, pipe, SnapKVPress(compression_ratio=0.5))
     budgets = [40, 10, 10, 10, 10]
-    requests = [DecodeRequest(cache, questions[0], context_length, budget, ignore, hidden) for budget in budgets]
+    requests = [DecodeRequest(cache, questions[0], context_length, budget, hidden) for budget in budgets]
     pool = DecodingPool(model, 2, 2**30)
     for request in requests:
         pool.submit(request)

@@ -9,8 +9,8 @@ import torch
 from kvpress import ChunkKVPress, KnormPress, SnapKVPress
 from transformers import AttentionInterface, DynamicCache
 
-from evaluate.engine.layer_masks import fit_masks_to_layers
 from evaluate.engine.pipeline import make_pipeline
+from evaluate.models.layer_masks import fit_masks_to_layers
 from evaluate.models.sources import TinyRandomModel
 
 

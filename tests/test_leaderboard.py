@@ -8,10 +8,10 @@ import pytest
 import yaml
 
 from evaluate.benchmarks.ruler import TASKS as RULER_TASKS
-from evaluate.engine.likelihood import FIELDS as LIKELIHOOD_FIELDS
 from evaluate.report import leaderboard
 from evaluate.report.leaderboard import main
 from evaluate.report.runs import collect_runs
+from evaluate.score.likelihood import FIELDS as LIKELIHOOD_FIELDS
 from tests.fixtures.runs.builder import ruler_benchmark, uniform, write_run
 
 QWEN = "Qwen/Qwen3-8B"

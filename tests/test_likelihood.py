@@ -1,4 +1,4 @@
-"""The likelihood fields (evaluate/engine/likelihood.py): each proven against a computation made here, independently."""
+"""The likelihood fields (evaluate/engine/teacher_forcing.py): each proven against a computation made here, independently."""
 
 import logging
 
@@ -7,10 +7,11 @@ import torch
 from omegaconf import open_dict
 
 from evaluate import rundir
-from evaluate.engine.likelihood import FIELDS, answer_text, likelihood_metrics
 from evaluate.engine.pipeline import make_pipeline
+from evaluate.engine.teacher_forcing import answer_text
 from evaluate.models.sources import TinyRandomModel
 from evaluate.run.entry import run, run_sweep
+from evaluate.score.likelihood import FIELDS, likelihood_metrics
 from evaluate.score.rescore import rescore_run
 from evaluate.spec.config import ConfigError, fingerprint, run_dir
 from tests.support import SharedContextBenchmark, compose_config, with_shared_context

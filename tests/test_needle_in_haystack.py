@@ -28,7 +28,7 @@ from evaluate.benchmarks.needle_in_haystack import (
     score_predictions,
     task_name,
 )
-from evaluate.engine.pipeline import Models
+from evaluate.models.loading import Models
 from evaluate.report.build import build_report
 from evaluate.report.cli import main as report_main
 from evaluate.report.plots import needle_benchmarks, needle_grids, plot_needle_heatmap

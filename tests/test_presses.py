@@ -14,7 +14,7 @@ from kvpress.utils import compute_n_kept
 from transformers import DynamicCache
 
 from evaluate.engine.cost import measure_kept_ratio
-from evaluate.engine.layer_masks import fit_masks_to_layers
+from evaluate.models.layer_masks import fit_masks_to_layers
 from evaluate.models.sources import TinyRandomModel
 from evaluate.spec.config import run_name
 from presses.eg_chunkkv import EntropyGatedChunkKVPress

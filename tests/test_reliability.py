@@ -356,7 +356,7 @@ def test_a_scorer_that_needs_eager_attention_is_refused_under_sdpa(tmp_path, mon
 
 
 def test_an_architecture_kvpress_does_not_patch_is_warned_about(caplog):
-    from evaluate.engine.pipeline import warn_if_unpatched
+    from evaluate.models.loading import warn_if_unpatched
 
     warn_if_unpatched(object())
     assert "not an architecture kvpress patches" in caplog.text

@@ -252,9 +252,9 @@ def test_the_command_line_summary_names_the_commands_that_follow(tmp_path):
 
 
 def test_a_failed_pool_pass_fails_its_unanswered_contexts_and_the_run_goes_on(tmp_path, monkeypatch):
-    from evaluate.engine.decoding import DecodingPool
+    from evaluate.engine.model_runner import ModelRunner
 
-    original = DecodingPool._forward
+    original = ModelRunner._forward
     passes = []
 
     def fail_once(self, *args):
@@ -263,7 +263,7 @@ def test_a_failed_pool_pass_fails_its_unanswered_contexts_and_the_run_goes_on(tm
             raise RuntimeError("CUDA out of memory (simulated)")
         return original(self, *args)
 
-    monkeypatch.setattr(DecodingPool, "_forward", fail_once)
+    monkeypatch.setattr(ModelRunner, "_forward", fail_once)
     # Room for one context's three questions at a time: the failed pass served the first context only.
     cfg = with_shared_context(compose_config(tmp_path, "press=topk", "limit=null", "decode_batch_size=3"))
     metrics = run(cfg)

@@ -9,11 +9,12 @@ from kvpress import AdaKVPress
 from transformers import DynamicCache
 
 from evaluate import rundir
-from evaluate.engine.pooled import PrefillCapture, compressed_cache
+from evaluate.engine.prefill import PrefillCapture, compressed_cache
 from evaluate.models.sources import TinyRandomModel
 from evaluate.run.entry import run, run_sweep
 from evaluate.spec.config import run_dir
 from evaluate.spec.plan import make_plan
+from evaluate.spec.point import resolve
 from evaluate.spec.press_traits import why_not_shared_prefill
 from tests.support import compose_config, with_shared_context
 
@@ -90,9 +91,9 @@ def test_points_that_cannot_share_take_the_pipeline_path(tmp_path):
     eager = with_shared_context(compose_config(tmp_path, "press=topk", "attn_implementation=eager", "limit=null"))
     shared = with_shared_context(compose_config(tmp_path, "press=topk"))
     tokenizer = TinyRandomModel().load_tokenizer()
-    eager_plan, shared_plan = make_plan(eager, tokenizer), make_plan(shared, tokenizer)
-    assert why_not_shared_prefill(eager_plan.press, eager_plan.attention) is not None
-    assert why_not_shared_prefill(shared_plan.press, shared_plan.attention) is None
+    eager_plan, shared_plan = make_plan(resolve(eager), tokenizer), make_plan(resolve(shared), tokenizer)
+    assert why_not_shared_prefill(eager_plan.press, eager_plan.spec.attention) is not None
+    assert why_not_shared_prefill(shared_plan.press, shared_plan.spec.attention) is None
     metrics = run_sweep(
         [
             eager,

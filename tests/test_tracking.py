@@ -18,8 +18,8 @@ from hydra.types import RunMode
 from omegaconf import open_dict
 
 from evaluate.benchmarks.ruler import Ruler
-from evaluate.engine.likelihood import FIELDS as LIKELIHOOD_FIELDS
 from evaluate.run.tracking import Tracker
+from evaluate.score.likelihood import FIELDS as LIKELIHOOD_FIELDS
 from evaluate.score.rescore import score_rows
 from evaluate.spec.config import ConfigError
 from tests.fixtures.runs.builder import uniform, write_run

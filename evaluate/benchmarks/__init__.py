@@ -83,7 +83,7 @@ class Benchmark(ABC):
     def score(self, rows: list[dict]) -> dict: ...
 
     def reference_answer(self, sample: Sample) -> str:
-        """The answer the likelihood fields teacher-force (evaluate/engine/likelihood.py): the first reference, the one a
+        """The answer the likelihood fields teacher-force (evaluate/engine/teacher_forcing.py): the first reference, the one a
         benchmark with several lists first (LongBench's and LooGLE's are alternatives); empty, and so no fields,
         where a benchmark publishes none (ZeroSCROLLS)."""
         return str(sample.answers[0]) if sample.answers else ""

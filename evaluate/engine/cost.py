@@ -19,7 +19,7 @@ class Cost:
     compress_seconds: float = 0.0
     decode_seconds: float = 0.0
     likelihood_seconds: float = (
-        0.0  # the teacher-forced passes of the likelihood fields (evaluate/engine/likelihood.py)
+        0.0  # the teacher-forced passes of the likelihood fields (evaluate/engine/teacher_forcing.py)
     )
     generated_tokens: int = 0
     forward_passes: float = 0.0

@@ -1,26 +1,26 @@
 """kvpress's pipeline path: each context group of a planned run answered by ``KVPressTextGenerationPipeline``.
 
 Samples that share a context (and answer prefix and generation length) are answered from one compressed cache
-with ``questions=``, exactly as kvpress's evaluation runs them. Also here: loading models (with attention masks
-fitted per layer) and the context budget both engines apply.
+with ``questions=``, exactly as kvpress's evaluation runs them. Also here: the context budget both engines apply.
 """
 
 import logging
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
-from huggingface_hub.errors import HFValidationError
-from tqdm.auto import tqdm
 from transformers import DynamicCache
 
 from evaluate.benchmarks import Sample
 from evaluate.engine.cost import Cost, kv_bytes, measure_kept_ratio
-from evaluate.engine.decoding import hidden_keys
-from evaluate.engine.layer_masks import fit_masks_to_layers
-from evaluate.engine.likelihood import likelihood_fields, reference_log_probs, teacher_forced
-from evaluate.run.recorder import Recorder
-from evaluate.spec.config import ConfigError
+from evaluate.engine.requests import AnsweredGroup, hidden_keys
+from evaluate.engine.teacher_forcing import (
+    likelihood_fields,
+    reference_answer_ids,
+    reference_log_probs,
+    teacher_forced,
+)
 from evaluate.spec.plan import Plan
 
 logger = logging.getLogger(__name__)
@@ -84,57 +84,6 @@ class PrefillProbe:
             handle.remove()
 
 
-def warn_if_unpatched(model) -> None:
-    from kvpress import SUPPORTED_MODELS
-
-    if not isinstance(model, SUPPORTED_MODELS):
-        supported = ", ".join(cls.__name__ for cls in SUPPORTED_MODELS)
-        logger.warning(
-            "%s is not an architecture kvpress patches and tests (%s): compression may be silently wrong",
-            type(model).__name__,
-            supported,
-        )
-
-
-class Models:
-    """The tokenizer and model last loaded, so that a sweep loads each model once; one per sweep, not a global."""
-
-    def __init__(self):
-        self._loaded: dict[str, tuple[tuple, object]] = {}
-
-    def _reuse(self, kind: str, key: tuple, load):
-        if kind in self._loaded and self._loaded[kind][0] == key:
-            return self._loaded[kind][1]
-        self._loaded.pop(kind, None)
-        if kind == "model" and torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        try:
-            value = load()
-        except (OSError, HFValidationError) as error:
-            # transformers reports a missing directory or an unreachable hub id as a bare OSError, and a name that
-            # is neither a directory nor a valid hub id as a validation error.
-            raise ConfigError(
-                f"the {kind} of {key[0]} could not be loaded ({str(error).splitlines()[0]}); point the model's "
-                "name_or_path at a local directory holding config.json, or at a hub id this machine can download"
-            ) from error
-        self._loaded[kind] = (key, value)
-        return value
-
-    def tokenizer(self, source):
-        return self._reuse("tokenizer", (repr(source),), source.load_tokenizer)
-
-    def model(self, plan: Plan):
-        """The plan's model, with attention masks fitted to each layer's cache (kvpress's ChunkKV leaves uneven
-        layers)."""
-
-        def load():
-            model = plan.source.load_model(plan.device, plan.cfg.dtype, plan.attention)
-            fit_masks_to_layers(model)
-            return model
-
-        return self._reuse("model", (repr(plan.source), plan.device, plan.cfg.dtype, plan.attention), load)
-
-
 def pipeline_max_context_length(tokenizer) -> int:
     """kvpress's pipeline's budget when none is given."""
     return min(tokenizer.model_max_length, int(1e10))
@@ -165,7 +114,7 @@ def context_budget(plan: Plan, model, tokenizer) -> tuple[int, int]:
     cfg = plan.cfg
     if cfg.truncation == "pipeline":
         budget = cfg.max_context_length or pipeline_max_context_length(tokenizer)
-        length = templated_context_length(make_pipeline(model, tokenizer, plan.device), tokenizer)
+        length = templated_context_length(make_pipeline(model, tokenizer, plan.spec.device), tokenizer)
 
         def may_exceed(sample: Sample) -> bool:
             # Counting exactly tokenizes a context again; only one that cannot fit with room to spare needs it: its
@@ -203,17 +152,14 @@ def make_pipeline(model, tokenizer, device: str):
     return KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer, device=torch.device(device))
 
 
-def answer_with_pipeline(recorder: Recorder, model, tokenizer, budget: int) -> None:
-    """Each context group through kvpress's pipeline, the press hooked into the prefill."""
-    plan = recorder.plan
-    pipe = make_pipeline(model, tokenizer, plan.device)
+def answer_with_pipeline(plan: Plan, model, tokenizer, budget: int) -> Iterator[AnsweredGroup]:
+    """Each context group of ``plan`` through kvpress's pipeline, the press hooked into the prefill; yields each
+    group's answers (point 0: the one plan) as they are finished, a failed group's with its failure."""
+    pipe = make_pipeline(model, tokenizer, plan.spec.device)
     probe = PrefillProbe(model)
     # kvpress's runner seeds once before its run: a press drawing random numbers (RandomPress, Compactor's sketch)
     # draws the same ones here.
     torch.manual_seed(plan.cfg.seed)
-    progress = tqdm(
-        total=len(plan.samples), initial=len(recorder.done_ids), unit="sample", desc=plan.out.name, dynamic_ncols=True
-    )
     try:
         for group in plan.groups():
             context = plan.context(group[0], tokenizer, budget)
@@ -223,7 +169,7 @@ def answer_with_pipeline(recorder: Recorder, model, tokenizer, budget: int) -> N
             text = plan.compressed_text(group[0], context)
             questions = ["" if plan.cfg.query_aware else sample.question for sample in group]
             max_context_length = pipeline_budget(plan, tokenizer, budget)
-            likelihood = None
+            result = AnsweredGroup(0, group, [None] * len(group), None, None, Cost())
             try:
                 with chat_template_enabled(tokenizer, group[0].chat_template):
                     answers = pipe(
@@ -236,15 +182,16 @@ def answer_with_pipeline(recorder: Recorder, model, tokenizer, budget: int) -> N
                         max_context_length=max_context_length,
                         cache=cache,
                     )["answers"]
-                outcome = answers, measure_kept_ratio(model, cache, probe.context_length), probe.context_length, None
-                if not plan.cfg.generate:
-                    outcome = ([None] * len(group), *outcome[1:])
+                if plan.cfg.generate:
+                    result.answers = answers
+                result.kept_ratio = measure_kept_ratio(model, cache, probe.context_length)
+                result.context_length = probe.context_length
                 held, kept = kv_bytes(model, cache)
             except Exception as failure:
-                outcome = recorder.fail(group, failure)
+                result.failure = failure
                 held = kept = 0
             # The press compresses inside the prefill pass: its time is the prefill's here.
-            cost = Cost(
+            result.cost = Cost(
                 prefill_seconds=probe.seconds,
                 decode_seconds=time.perf_counter() - group_start - probe.seconds,
                 generated_tokens=probe.generated_tokens,
@@ -252,20 +199,18 @@ def answer_with_pipeline(recorder: Recorder, model, tokenizer, budget: int) -> N
                 kv_bytes_held=held,
                 kv_bytes_kept=kept,
             )
-            if plan.likelihood and outcome[-1] is None:
+            if plan.likelihood and result.failure is None:
                 start, passes = time.perf_counter(), probe.forward_passes
                 try:
                     with chat_template_enabled(tokenizer, group[0].chat_template):
                         inputs = pipe.preprocess(text, questions, group[0].answer_prefix, max_context_length)
-                    likelihood = pipeline_likelihood(model, plan, tokenizer, group, cache, inputs)
+                    result.likelihood = pipeline_likelihood(model, plan, tokenizer, group, cache, inputs)
                 except Exception as failure:  # as on the pool's path: the group fails, named, and the run goes on
-                    outcome, likelihood = recorder.fail(group, failure), None
-                cost.likelihood_seconds = time.perf_counter() - start
-                cost.forward_passes += probe.forward_passes - passes
-            recorder.record(group, *outcome, cost, likelihood)
-            progress.update(len(group))
+                    result.failure = failure
+                result.cost.likelihood_seconds = time.perf_counter() - start
+                result.cost.forward_passes += probe.forward_passes - passes
+            yield result
     finally:
-        progress.close()
         probe.close()
 
 
@@ -276,7 +221,7 @@ def pipeline_likelihood(
     modules), against one more prefill of the context without the press."""
     context_ids = inputs["context_ids"].to(model.device)
     questions = inputs["questions_ids"]
-    answers = [plan.answer_ids(sample, tokenizer) for sample in group]
+    answers = [reference_answer_ids(plan.benchmark, sample, tokenizer) for sample in group]
     hidden = hidden_keys([layer.self_attn for layer in model.model.layers])
     compressed, _ = teacher_forced(model, cache, hidden, questions, answers, context_ids.shape[1])
     reference, _ = reference_log_probs(model.model, model, context_ids, questions, answers)

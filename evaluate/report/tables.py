@@ -7,9 +7,9 @@ from typing import Any
 
 import pandas as pd
 
-from evaluate.engine.likelihood import FIELDS as LIKELIHOOD_FIELDS
 from evaluate.report.frame import COST_COLUMNS, run_level
 from evaluate.report.runs import NO_PRESS, flatten
+from evaluate.score.likelihood import FIELDS as LIKELIHOOD_FIELDS
 
 # Frame columns that the CSV files name otherwise.
 _CSV_NAMES = {"cr": "compression_ratio", "task_score": "score", "task_n": "n"}
@@ -214,7 +214,7 @@ def fmt_likelihood(value: float | None, low: float | None = None, high: float | 
 
 
 def likelihood_tables(frame: pd.DataFrame) -> list[Table]:
-    """The likelihood fields of every run that has them (evaluate/engine/likelihood.py): ``likelihood``, each field's
+    """The likelihood fields of every run that has them (evaluate/engine/teacher_forcing.py): ``likelihood``, each field's
     headline (the unweighted mean of its task means) with its bootstrap 95% interval, a row per run; and
     ``likelihood_tasks``, the task means, a row per run x task. None of them without such runs."""
     runs = run_level(frame).dropna(subset=["answer_kl"])

@@ -1,29 +1,35 @@
 """Several configurations in one process: each model loaded once, each context prefilled once, one decoding pool.
 
-``run_sweep`` checks every configuration, locks its run directory, plans it (evaluate/spec/plan.py) and answers it on its
-model: through the pooled path (evaluate/engine/pooled.py) where the press acts only after each layer's attention and
-``decode_batch_size`` is above 1, else through kvpress's pipeline (evaluate/engine/pipeline.py). A single run is the sweep
-of one point.
+``run_sweep`` types, checks and resolves every configuration once (evaluate/spec/), locks its run directory, plans
+it and answers it on its model: through the pooled path (evaluate/engine/pooled.py) where the press acts only after
+each layer's attention and ``decode_batch_size`` is above 1, else through kvpress's pipeline
+(evaluate/engine/pipeline.py). The engines give back what they finished; this loop hands it to each point's recorder,
+the only writer. A single run is the sweep of one point.
 """
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
+from tqdm.auto import tqdm
 from transformers.utils import logging as transformers_logging
 
 from evaluate import rundir
-from evaluate.engine.decoding import decode_memory_bytes, why_not_pooled
-from evaluate.engine.pipeline import Models, answer_with_pipeline, context_budget, warn_if_unpatched
+from evaluate.engine.attention import why_not_pooled
+from evaluate.engine.pipeline import answer_with_pipeline, context_budget
 from evaluate.engine.pooled import answer_pooled
+from evaluate.engine.requests import AnsweredGroup
+from evaluate.engine.scheduler import decode_memory_bytes
 from evaluate.errors import ConfigError
+from evaluate.models.loading import Models, warn_if_unpatched
 from evaluate.run.recorder import Recorder
-from evaluate.spec.config import described_press, model_key, refuse_unread_knobs, run_dir, validate
+from evaluate.spec.config import described_press, refuse_unread_knobs, validate
 from evaluate.spec.plan import Plan, make_plan
+from evaluate.spec.point import PointSpec, resolve
 from evaluate.spec.press_traits import changes_the_model, prepare_model, why_not_shared_prefill
 from evaluate.spec.settings import typed
 
@@ -34,7 +40,7 @@ def pooled(plan: Plan, model) -> bool:
     """Whether the run's answers come from the pooled path; the reason is logged when they do not."""
     if plan.cfg.decode_batch_size == 1:
         return False  # kvpress's pipeline path, exactly
-    reason = why_not_shared_prefill(plan.press, plan.attention) or why_not_pooled(model)
+    reason = why_not_shared_prefill(plan.press, plan.spec.attention) or why_not_pooled(model)
     if reason is not None:
         logger.info("%s takes kvpress's pipeline path: %s", plan.out.name, reason)
     return reason is None
@@ -55,7 +61,8 @@ def run_sweep(cfgs: Sequence[DictConfig], single: bool = False) -> list[dict | N
         validate(cfg)
         if single:
             refuse_unread_knobs(cfg)
-    directories = [run_dir(cfg) for cfg in cfgs]
+    specs = [resolve(cfg) for cfg in cfgs]
+    directories = [spec.out for spec in specs]
     duplicates = {str(path) for path in directories if directories.count(path) > 1}
     if duplicates:
         raise ConfigError(f"the sweep runs the same configuration twice: {', '.join(sorted(duplicates))}")
@@ -67,17 +74,18 @@ def run_sweep(cfgs: Sequence[DictConfig], single: bool = False) -> list[dict | N
     try:
         with ExitStack() as held:
             by_model: dict[str, list[int]] = {}
-            for index, (cfg, out) in enumerate(zip(cfgs, directories, strict=True)):
+            for index, spec in enumerate(specs):
+                out = spec.out
                 try:
-                    held.enter_context(rundir.locked(out, wait=cfg.wait_for_locks))
+                    held.enter_context(rundir.locked(out, wait=spec.cfg.wait_for_locks))
                 except rundir.RunLocked as locked:
                     if single:
                         raise
                     skipped.append(f"{out} (held by {locked.holder})")
                     continue
-                by_model.setdefault(model_key(cfg), []).append(index)
+                by_model.setdefault(spec.model_key, []).append(index)
             for indices in by_model.values():
-                recorders = _run_on_one_model([cfgs[index] for index in indices], models)
+                recorders = _run_on_one_model([specs[index] for index in indices], models)
                 metrics.update(zip(indices, (recorder.close() for recorder in recorders), strict=True))
     except ConfigError:
         # A point refused while planning (its data is broken or changed, its predictions are damaged) leaves no
@@ -107,11 +115,12 @@ def run(cfg: DictConfig) -> dict:
     return run_sweep([cfg], single=True)[0]
 
 
-def _run_on_one_model(cfgs: list[DictConfig], models: Models) -> list[Recorder]:
+def _run_on_one_model(specs: list[PointSpec], models: Models) -> list[Recorder]:
+    cfgs = [spec.cfg for spec in specs]
     if any(changes_the_model(described_press(cfg)) for cfg in cfgs):
         models = Models()  # its own model and tokenizer, changed for this configuration alone (config.model_key)
     tokenizer = models.tokenizer(instantiate(cfgs[0].model.source))
-    recorders = [Recorder(make_plan(cfg, tokenizer)) for cfg in cfgs]
+    recorders = [Recorder(make_plan(spec, tokenizer)) for spec in specs]
     for recorder in recorders:
         recorder.start()
     pending = [recorder for recorder in recorders if recorder.plan.todo]
@@ -131,10 +140,12 @@ def _run_on_one_model(cfgs: list[DictConfig], models: Models) -> list[Recorder]:
     try:
         for recorder, budget in zip(pending, budgets, strict=True):
             if recorder not in in_pool:
-                answer_with_pipeline(recorder, model, tokenizer, budget)
+                _record(
+                    answer_with_pipeline(recorder.plan, model, tokenizer, budget), [recorder], recorder.plan.out.name
+                )
         if in_pool:
-            answer_pooled(
-                in_pool,
+            answered = answer_pooled(
+                [recorder.plan for recorder in in_pool],
                 model,
                 tokenizer,
                 [budgets[pending.index(recorder)] for recorder in in_pool],
@@ -142,8 +153,19 @@ def _run_on_one_model(cfgs: list[DictConfig], models: Models) -> list[Recorder]:
                 min(recorder.plan.cfg.decode_batch_size for recorder in in_pool),
                 min(decode_memory_bytes(recorder.plan.cfg.decode_memory, model) for recorder in in_pool),
             )
+            _record(answered, in_pool, "answering")
     except BaseException:
         for recorder in pending:
             recorder.interrupted()
         raise
     return recorders
+
+
+def _record(answered: Iterator[AnsweredGroup], recorders: list[Recorder], label: str) -> None:
+    """Hand each group the engine finished to its point's recorder, with one progress bar over the points."""
+    total = sum(len(recorder.plan.samples) for recorder in recorders)
+    done = sum(len(recorder.done_ids) for recorder in recorders)
+    with tqdm(total=total, initial=done, unit="sample", desc=label, dynamic_ncols=True) as progress:
+        for result in answered:
+            recorders[result.point].record(result)
+            progress.update(len(result.group))

@@ -15,12 +15,11 @@ import torch
 from omegaconf import OmegaConf
 
 from evaluate import rundir
-from evaluate.benchmarks import Sample
 from evaluate.engine.cost import Cost
+from evaluate.engine.requests import AnsweredGroup
 from evaluate.run.tracking import Tracker
 from evaluate.score.rescore import score_rows
 from evaluate.score.tables import format_task_table
-from evaluate.spec.config import effective_cr
 from evaluate.spec.plan import Plan, sample_identity
 
 logger = logging.getLogger(__name__)
@@ -86,17 +85,17 @@ class RunStats:
 
 def config_record(plan: Plan) -> dict:
     return {
-        "method": plan.method,
-        "compression_ratio": effective_cr(plan.cfg),
-        "fingerprint": plan.fingerprint,
+        "method": plan.spec.method,
+        "compression_ratio": plan.spec.effective_cr,
+        "fingerprint": plan.spec.fingerprint,
         "press": repr(plan.press),
-        "device": plan.device,
+        "device": plan.spec.device,
         "versions": {
             "python": sys.version.split()[0],
             **{name: version(name) for name in ("torch", "transformers", "kvpress", "pressbench")},
         },
         # The attention that ran, where the config left it to kvpress's rule (null).
-        "config": {**OmegaConf.to_container(plan.cfg, resolve=True), "attn_implementation": plan.attention},
+        "config": {**OmegaConf.to_container(plan.cfg, resolve=True), "attn_implementation": plan.spec.attention},
     }
 
 
@@ -136,17 +135,21 @@ class Recorder:
     def note_truncated(self, count: int) -> None:
         self.truncated = count
 
-    def record(
-        self,
-        group: list[Sample],
-        answers: list[str],
-        kept_ratio: float | None,
-        context_length: int | None,
-        error: str | None,
-        cost: Cost,
-        likelihood: list[dict] | None = None,
-    ) -> None:
-        """Append the group's rows; ``likelihood`` holds each sample's likelihood fields (empty where it has none)."""
+    def record(self, result: AnsweredGroup) -> None:
+        """Append a group's rows as the engine finished them (``likelihood`` holds each sample's likelihood fields,
+        empty where it has none). A failed group is the failure policy's: it stops the run under ``fail_fast``,
+        else its samples are recorded empty, marked with the error, and count as wrong."""
+        group, answers, kept_ratio, error = result.group, result.answers, result.kept_ratio, None
+        if result.failure is not None:
+            if self.plan.cfg.fail_fast:
+                raise result.failure
+            # One bad context must not kill a sweep: record it, count it as wrong, and go on.
+            error = f"{type(result.failure).__name__}: {result.failure}"
+            logger.warning("context of %s failed and is scored as wrong: %s", group[0].id, error)
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            answers, kept_ratio = [""] * len(group), None
+        likelihood = result.likelihood if error is None else None
         rundir.append_predictions(
             self.predictions,
             (
@@ -154,9 +157,9 @@ class Recorder:
                     **sample_identity(sample),
                     "prediction": answer,
                     "max_new_tokens": sample.max_new_tokens,
-                    "compression_ratio": effective_cr(self.plan.cfg),
+                    "compression_ratio": self.plan.spec.effective_cr,
                     "kept_ratio": kept_ratio,
-                    "context_length": context_length,
+                    "context_length": None if error else result.context_length,
                     **sample.extra,
                     **fields,
                     **({"error": error} if error else {}),
@@ -165,7 +168,7 @@ class Recorder:
             ),
         )
         self.n_errors += len(group) if error else 0
-        self.stats.cost += cost
+        self.stats.cost += result.cost
         if not error:
             self.stats.contexts += 1
             self.stats.questions += len(group)
@@ -180,17 +183,6 @@ class Recorder:
             kept_ratio=kept_ratio,
             errors=self.n_errors,
         )
-
-    def fail(self, group: list[Sample], failure: Exception) -> tuple[list[str], None, None, str]:
-        """Answers for a context that raised: empty and marked, unless the run must stop at the first error."""
-        if self.plan.cfg.fail_fast:
-            raise failure
-        # One bad context must not kill a sweep: record it, count it as wrong, and go on.
-        error = f"{type(failure).__name__}: {failure}"
-        logger.warning("context of %s failed and is scored as wrong: %s", group[0].id, error)
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        return [""] * len(group), None, None, error
 
     def interrupted(self) -> None:
         if self.plan.todo:
@@ -234,8 +226,8 @@ class Recorder:
             "errors": self.n_errors,
             "truncated_samples": self.truncated,
             **self.stats.record(),
-            "peak_memory_mb": round(peak_memory_mb(self.plan.device), 1),
-            "device": self.plan.device,
+            "peak_memory_mb": round(peak_memory_mb(self.plan.spec.device), 1),
+            "device": self.plan.spec.device,
             "sessions": self.stats.sessions,
             "started_at": self.stats.started_at,
             "updated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -19,8 +19,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from evaluate.engine.likelihood import FIELDS as LIKELIHOOD_FIELDS
 from evaluate.score.bootstrap import sample_scores
+from evaluate.score.likelihood import FIELDS as LIKELIHOOD_FIELDS
 from evaluate.spec.config import ConfigError
 
 if TYPE_CHECKING:

@@ -17,8 +17,8 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from evaluate import rundir
-from evaluate.engine.likelihood import likelihood_metrics
 from evaluate.errors import ConfigError, refuse
+from evaluate.score.likelihood import likelihood_metrics
 from evaluate.score.tables import format_task_table
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"

@@ -1,9 +1,9 @@
 """Everything decided about one configuration before its model loads: the plan of a run.
 
-``make_plan`` takes a validated configuration (``config.validate``), names its run directory, builds its benchmark,
-model source and press, loads its samples and reads what an earlier session already answered, in one step and
-without writing anything; the resulting :class:`Plan` does not change while the run executes (evaluate/run/recorder.py
-writes, the engines in evaluate/engine/pipeline.py and evaluate/run/entry.py answer).
+``make_plan`` takes a resolved point (evaluate/spec/point.py), builds its benchmark, model source and press, loads
+its samples and reads what an earlier session already answered, in one step and without writing anything; the
+resulting :class:`Plan` does not change while the run executes (the engine answers, evaluate/run/recorder.py
+writes).
 """
 
 import hashlib
@@ -19,17 +19,9 @@ from omegaconf import DictConfig
 
 from evaluate import rundir
 from evaluate.benchmarks import Sample
-from evaluate.engine.likelihood import answer_ids
-from evaluate.spec.config import (
-    ConfigError,
-    attention_implementation,
-    build_press,
-    fingerprint,
-    method_name,
-    resolve_device,
-    run_dir,
-    validate_context_lengths,
-)
+from evaluate.errors import ConfigError
+from evaluate.spec.config import build_press, validate_context_lengths
+from evaluate.spec.point import PointSpec
 from evaluate.spec.press_traits import compressed_suffix, decodes_per_sample, why_not_teacher_forced
 
 
@@ -181,19 +173,22 @@ class Plan:
     dropped under ``retry_errors``); ``todo`` are the samples still to answer, in source order.
     """
 
-    cfg: DictConfig
-    out: Path
-    method: str
-    fingerprint: str
+    spec: PointSpec
     benchmark: Any
     source: Any
     press: BasePress | None
-    device: str
-    attention: str
     samples: tuple[Sample, ...]
     kept_rows: tuple[dict, ...]
     todo: tuple[Sample, ...]
     context_tokens: Mapping[str, int]
+
+    @property
+    def cfg(self) -> DictConfig:
+        return self.spec.cfg
+
+    @property
+    def out(self) -> Path:
+        return self.spec.out
 
     def groups(self) -> list[list[Sample]]:
         """The samples answered together, in kvpress's order: row by row for decoding-time presses, else by
@@ -205,12 +200,8 @@ class Plan:
 
     @property
     def likelihood(self) -> bool:
-        """Whether the rows get the likelihood fields (evaluate/engine/likelihood.py)."""
+        """Whether the rows get the likelihood fields (evaluate/engine/teacher_forcing.py)."""
         return self.cfg.likelihood and why_not_teacher_forced(self.press) is None
-
-    def answer_ids(self, sample: Sample, tokenizer):
-        """The tokens of the sample's reference answer that the likelihood fields teacher-force (None: none)."""
-        return answer_ids(tokenizer, self.benchmark.reference_answer(sample), sample.answer_prefix)
 
     def compressed_text(self, sample: Sample, context: str | None = None) -> str:
         """What the press compresses, as kvpress's runner builds it: the context (``context`` when cut), the press's
@@ -239,29 +230,23 @@ def previous_rows(out: Path, cfg: DictConfig, run_fingerprint: str) -> list[dict
     return [row for row in rows if not row.get("error")] if cfg.retry_errors else rows
 
 
-def make_plan(cfg: DictConfig, tokenizer) -> Plan:
-    """Plan ``cfg``, already validated (``run_sweep`` checks every point before it locks any run directory), its
-    run directory locked by the caller: the checks that need the tokenizer and the samples run here."""
-    out = run_dir(cfg)
-    run_fingerprint = fingerprint(cfg)
+def make_plan(spec: PointSpec, tokenizer) -> Plan:
+    """Plan a resolved point (``run_sweep`` checks every point before it locks any run directory), its run
+    directory locked by the caller: the checks that need the tokenizer and the samples run here."""
+    cfg, out = spec.cfg, spec.out
     benchmark = instantiate(cfg.benchmark)
     samples = load_samples(benchmark, tokenizer, cfg)
     context_tokens = {s.context: len(tokenizer.encode(s.context, add_special_tokens=False)) for s in samples}
     question_tokens = max(len(tokenizer.encode(s.question, add_special_tokens=False)) for s in samples)
     validate_context_lengths(cfg, min(context_tokens.values()) + (question_tokens if cfg.query_aware else 0))
-    kept = previous_rows(out, cfg, run_fingerprint)
+    kept = previous_rows(out, cfg, spec.fingerprint)
     check_same_samples(out, kept, samples)
     done = {row["id"] for row in kept}
     return Plan(
-        cfg=cfg,
-        out=out,
-        method=method_name(cfg),
-        fingerprint=run_fingerprint,
+        spec=spec,
         benchmark=benchmark,
         source=instantiate(cfg.model.source),
         press=build_press(cfg),
-        device=resolve_device(cfg.device),
-        attention=attention_implementation(cfg),
         samples=tuple(samples),
         kept_rows=tuple(kept),
         todo=tuple(sample for sample in samples if sample.id not in done),

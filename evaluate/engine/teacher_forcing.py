@@ -16,22 +16,18 @@ pass leaves the cache as it found it, as kvpress's pipeline does after each answ
 Where they come from: the uncompressed distributions once per context and question, on the context's
 uncompressed cache (in a sweep that cache is the shared prefill; on kvpress's pipeline path it costs one more
 prefill per context, :func:`reference_log_probs`); the compressed ones once per point, on the cache its press left.
-Both are teacher-forced rows of the decoding pool's machinery (evaluate/engine/decoding.py), one forward pass each, with
+Both are teacher-forced rows of the decoding pool's machinery (evaluate/engine/scheduler.py), one forward pass each, with
 AdaKV's masks carried as in greedy decoding (:func:`teacher_forced` says why one row at a time).
 Presses that compress while decoding (DecodingPress) have no fixed cache to teacher-force, and get no fields
 (``press_traits.why_not_teacher_forced``). ``likelihood=false`` leaves them out; ``generate=false`` computes them
 alone, without greedy decoding (the rows' ``prediction`` is null and the run has no accuracy score).
 """
 
-from collections import defaultdict
-from collections.abc import Iterable
-
 import torch
 from transformers import DynamicCache
 
-from evaluate.engine.decoding import DecodeRequest, DecodingPool
-
-FIELDS = ("answer_nll", "answer_nll_uncompressed", "answer_kl", "answer_top1")
+from evaluate.engine.requests import DecodeRequest
+from evaluate.engine.scheduler import DecodingPool
 
 
 def answer_text(reference: str, answer_prefix: str) -> str:
@@ -44,6 +40,11 @@ def answer_ids(tokenizer, reference: str, answer_prefix: str) -> torch.Tensor | 
     """The reference's tokens ([1, n]) as teacher-forced after the prefix; None for an empty reference."""
     ids = tokenizer.encode(answer_text(reference, answer_prefix), add_special_tokens=False) if reference else []
     return torch.tensor([ids]) if ids else None
+
+
+def reference_answer_ids(benchmark, sample, tokenizer) -> torch.Tensor | None:
+    """The tokens of ``sample``'s reference answer that the likelihood fields teacher-force (None: none)."""
+    return answer_ids(tokenizer, benchmark.reference_answer(sample), sample.answer_prefix)
 
 
 def reference_log_probs(
@@ -80,16 +81,13 @@ def teacher_forced(
     process; docs/metrics.md says where two processes were seen to differ). Also returns the forward passes made.
     """
     log_probs: list[torch.Tensor | None] = [None] * len(questions)
-
-    def receiver(index: int):
-        return lambda result, cost: log_probs.__setitem__(index, result)
-
     pool = DecodingPool(model, batch_size=1, memory_bytes=2**62)  # one slot: one row at a time
     for index, (question, answer) in enumerate(zip(questions, answers, strict=True)):
         if answer is not None:
-            pool.submit(DecodeRequest(cache, question, context_length, 0, receiver(index), hidden, answer))
+            pool.submit(DecodeRequest(cache, question, context_length, 0, hidden, answer, tag=index))
     while pool.busy():
-        pool.step()
+        for row in pool.step():
+            log_probs[row.tag] = row.output
     return log_probs, pool.forward_passes
 
 
@@ -104,29 +102,3 @@ def likelihood_fields(compressed: torch.Tensor, uncompressed: torch.Tensor, answ
         "answer_kl": kl.clamp(min=0).mean().item(),
         "answer_top1": int((compressed.argmax(-1) == uncompressed.argmax(-1)).sum()) / len(targets),
     }
-
-
-def row_fields(row: dict) -> dict[str, float] | None:
-    """A prediction row's likelihood fields, or None when the row has none (not computed, or the sample failed)."""
-    if row.get("error") or any(row.get(name) is None for name in FIELDS):
-        return None
-    return {name: float(row[name]) for name in FIELDS}
-
-
-def likelihood_metrics(rows: Iterable[dict]) -> dict | None:
-    """metrics.json's ``likelihood``: each field's mean per task and, as the headline, the unweighted mean of the
-    task means (as the benchmarks' headlines weigh tasks); ``n`` counts the rows that have the fields. None when no
-    row has them."""
-    by_task: dict[str, list[dict[str, float]]] = defaultdict(list)
-    for row in rows:
-        fields = row_fields(row)
-        if fields is not None:
-            by_task[row["task"]].append(fields)
-    if not by_task:
-        return None
-    tasks = {
-        task: {**{name: sum(f[name] for f in values) / len(values) for name in FIELDS}, "n": len(values)}
-        for task, values in sorted(by_task.items())
-    }
-    headline = {name: sum(task[name] for task in tasks.values()) / len(tasks) for name in FIELDS}
-    return {**headline, "n": sum(task["n"] for task in tasks.values()), "tasks": tasks}

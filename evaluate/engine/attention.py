@@ -1,0 +1,62 @@
+"""The attention of a pool step: each row over the keys its slot's mask shows, registered with transformers'
+``AttentionInterface``.
+
+On CUDA ``scaled_dot_product_attention`` with the mask; on the CPU a grouped-query matrix product that does not
+repeat the KV heads (measured 3.9 ms against sdpa's 6.8 ms for 32 rows over 1,100 keys; sdpa without ``enable_gqa``
+copies every key three times and took 76 ms).
+"""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import kvpress  # noqa: F401  (imported first: see the registration below)
+import torch
+from torch.nn import functional
+from transformers import AttentionInterface
+
+POOL_ATTENTION = "pressbench_pool"
+
+
+def pool_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, pool=None, **kwargs):
+    """Attention of a pool step: each row over the keys its slot's mask shows (see the module docstring)."""
+    mask = pool.masks[module.layer_idx]
+    batch, heads, width, head_dim = query.shape
+    kv_heads = key.shape[1]
+    groups = heads // kv_heads
+    if query.device.type == "cuda":
+        output = functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask.repeat_interleave(groups, dim=1), scale=scaling, enable_gqa=True
+        )
+        return output.transpose(1, 2).contiguous(), None
+    # Query heads h * groups ... h * groups + groups - 1 share KV head h: one matrix product per KV head.
+    grouped = query.reshape(batch, kv_heads, groups * width, head_dim)
+    scores = torch.matmul(grouped, key.transpose(-1, -2)) * scaling
+    if width > 1:
+        mask = mask[:, :, None].expand(-1, -1, groups, -1, -1).reshape(batch, kv_heads, groups * width, -1)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    output = torch.matmul(weights, value).reshape(batch, heads, width, head_dim)
+    return output.transpose(1, 2).contiguous(), None
+
+
+# kvpress wraps every attention function registered when it is imported (for AdaKV's fake keys, with another
+# signature); the pool hides AdaKV's keys with its own mask, so it registers after that import, unwrapped.
+AttentionInterface.register(POOL_ATTENTION, pool_attention)
+
+
+def why_not_pooled(model) -> str | None:
+    """Why ``model``'s answers cannot come from the pool, if they cannot: the pool's mask has no sliding window."""
+    layer_types = getattr(model.config, "layer_types", None) or []
+    if any(kind != "full_attention" for kind in layer_types):
+        return "the model has sliding-window layers, which the decoding pool's mask does not model"
+    return None
+
+
+@contextmanager
+def pool_attention_active(model) -> Iterator[None]:
+    previous = model.config._attn_implementation
+    model.config._attn_implementation = POOL_ATTENTION
+    try:
+        yield
+    finally:
+        model.config._attn_implementation = previous

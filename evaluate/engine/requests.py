@@ -1,0 +1,112 @@
+"""What the engine is asked, and what it gives back: a row to answer greedily or teacher-force on a compressed cache,
+the row while it runs, and the row it finished with its share of the work."""
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from evaluate.engine.cost import Cost
+
+
+@dataclass
+class RowCost:
+    """One row's share of the pool's work: each forward pass's time and count split over the rows it served."""
+
+    decode_seconds: float = 0.0
+    forward_passes: float = 0.0
+    generated_tokens: int = 0
+
+
+@dataclass
+class DecodeRequest:
+    """One question to answer greedily from ``cache``, which the pool only reads.
+
+    ``context_length`` is the uncompressed context's length: the question's positions follow it, as in kvpress's
+    pipeline, whatever the press removed. ``hidden`` holds, per layer, the (head, position) pairs AdaKV masks in
+    the cache (None where nothing is masked). ``tag`` is the caller's: the finished row carries it back.
+
+    With ``answer_ids`` the row is teacher-forced instead (evaluate/engine/teacher_forcing.py): the answer follows
+    the question in the row's one forward pass, and the finished row's output is the float32 log-probabilities
+    ([answer tokens, vocabulary]) of the tokens at the answer's positions; the row then leaves, having generated
+    nothing.
+    """
+
+    cache: DynamicCache
+    question_ids: torch.Tensor
+    context_length: int
+    max_new_tokens: int
+    hidden: tuple[tuple[torch.Tensor, torch.Tensor] | None, ...] = ()
+    answer_ids: torch.Tensor | None = None
+    tag: object = None
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        """The row's first forward pass: its question, then the teacher-forced answer if any."""
+        if self.answer_ids is None:
+            return self.question_ids
+        return torch.cat([self.question_ids, self.answer_ids.to(self.question_ids.device)], dim=-1)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(layer.keys.nbytes + layer.values.nbytes for layer in self.cache.layers)
+
+    def slot_length(self) -> int:
+        """Positions a slot needs for this row: its longest layer, its question and its whole answer."""
+        # A teacher-forced row generates nothing, but keeps one spare position: the slot's last one, which padding
+        # columns write into (SlotCache.update).
+        answer = self.max_new_tokens if self.answer_ids is None else 1
+        return max(layer.keys.shape[2] for layer in self.cache.layers) + self.input_ids.shape[1] + answer
+
+
+@dataclass
+class RunningRow:
+    """A request while it holds a slot: the tokens so far, its cost, and the position of its next token."""
+
+    request: DecodeRequest
+    tokens: list[int] = field(default_factory=list)
+    cost: RowCost = field(default_factory=RowCost)
+    next_position: int = 0
+
+
+@dataclass
+class FinishedRow:
+    """What a pool step gives back for a row that left: the greedy tokens (or the teacher-forced log-probabilities),
+    its cost, and its request's ``tag``."""
+
+    tag: object
+    output: list[int] | torch.Tensor
+    cost: RowCost
+
+
+def hidden_keys(attention_modules) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, ...]:
+    """The keys the last compression masked on each attention module (AdaKV does), as (heads, positions) of row 0.
+
+    kvpress hides them from every query with a fake key whose attention weight underflows to zero; the pool hides
+    them with its mask, which gives the same weights.
+    """
+    hidden = []
+    for module in attention_modules:
+        masked = getattr(module, "masked_key_indices", None)
+        if masked is None:
+            hidden.append(None)
+            continue
+        batch, heads, positions = masked
+        hidden.append((heads[batch == 0], positions[batch == 0]))
+    return tuple(hidden)
+
+
+@dataclass
+class AnsweredGroup:
+    """What the engine finished: one point's questions on one context, answered (or failed with ``failure``), with
+    the likelihood fields of each sample where the point wants them, and the cost. ``point`` indexes the plans the
+    engine was given; the run loop records it."""
+
+    point: int
+    group: list
+    answers: list[str | None]
+    kept_ratio: float | None
+    context_length: int | None
+    cost: Cost
+    likelihood: list[dict] | None = None
+    failure: Exception | None = None

@@ -1,0 +1,206 @@
+"""One decoding pool: the greedy answer of every compressed cache of a run or sweep, many rows per forward pass.
+
+kvpress's pipeline answers one question at a time: it runs the question on the compressed cache, then decodes
+token by token until an end-of-sequence token or ``max_new_tokens``. On a GPU a decoding step costs about the same
+for one row as for dozens, so the pool keeps the prefill and the compression at batch 1 (where they are exact) and
+batches everything after them:
+
+- every compressed cache, of any context, sweep point or ratio, joins one queue (:meth:`DecodingPool.submit`);
+- up to ``batch_size`` rows decode together, one forward pass per step; a row that stops leaves at once and a
+  waiting row takes its slot (continuous batching), so no row waits on another's longer answer;
+- rows differ in cache length, in each layer's length (kvpress's ChunkKV, pyramidkv, kvcompose), in question
+  length and in positions. Each slot holds its row's keys left-aligned in a preallocated buffer that new tokens are
+  written into in place (transformers' ``DynamicCache`` copies the whole cache at every step), and a boolean mask
+  per layer, slot and KV head says which keys the row attends: its own kept keys, minus those AdaKV masks, plus its
+  question and answer so far. Each row therefore attends exactly the keys one-by-one decoding attends;
+- joiners run their questions as one forward pass of their own (left-padded, so that every row's last question
+  token is the last column), then decode with the others.
+
+The pool is three pieces, in the manner of vLLM's v1 engine: this scheduler (admission, continuous batching, the
+memory budget), the slot cache (evaluate/engine/slot_cache.py) and the model runner (evaluate/engine/model_runner.py),
+with the attention of a pool step in evaluate/engine/attention.py. A step returns the rows it finished; the pool
+calls nothing of its caller's. Only the rounding of the batched matrix products can differ from one-by-one
+decoding, so a row's greedy tokens are the pipeline's unless two candidates tie to within that rounding
+(tests/test_decoding.py, tests/test_kvpress_equivalence.py).
+"""
+
+import os
+from collections import deque
+from dataclasses import replace
+
+import torch
+
+from evaluate.engine.attention import pool_attention_active
+from evaluate.engine.model_runner import ModelRunner
+from evaluate.engine.requests import DecodeRequest, FinishedRow, RunningRow
+from evaluate.engine.slot_cache import SlotCache
+
+
+def stop_token_ids(model) -> set[int]:
+    eos = model.generation_config.eos_token_id
+    return set(eos if isinstance(eos, list) else [eos])
+
+
+def _finished(tokens: list[int], max_new_tokens: int, stop_ids: set[int]) -> bool:
+    # The pipeline never tests its first token (the question's own output) against the stop tokens.
+    return len(tokens) >= max_new_tokens or (len(tokens) > 1 and tokens[-1] in stop_ids)
+
+
+def decode_memory_bytes(gib: float | None, model) -> int:
+    """The pool's memory budget: ``decode_memory`` GiB, else half the GPU memory free now, else a quarter of RAM."""
+    if gib is not None:
+        return int(gib * 2**30)
+    if model.device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(model.device)
+        return free // 2
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+
+
+class DecodingPool:
+    """The scheduler: greedy answers of every submitted request, ``batch_size`` rows per forward pass, in
+    ``memory_bytes``.
+
+    ``memory_bytes`` bounds what the pool holds: the slot buffer plus the waiting requests' caches. The engine
+    submits while :meth:`has_room` and calls :meth:`step` otherwise, so contexts are prefilled ahead only while
+    there is room, and steps while :meth:`busy` at the end. Each step returns the rows it finished.
+    """
+
+    def __init__(self, model, batch_size: int, memory_bytes: int):
+        self.model, self.batch_size, self.memory_bytes = model, max(1, batch_size), memory_bytes
+        self.runner = ModelRunner(model)
+        self.stop_ids = stop_token_ids(model)
+        self.waiting: deque[DecodeRequest] = deque()
+        self.waiting_bytes = 0
+        self.rows: list[RunningRow | None] = []
+        self.cache: SlotCache | None = None
+
+    @property
+    def forward_passes(self) -> int:
+        return self.runner.forward_passes
+
+    @property
+    def peak_rows(self) -> int:
+        return self.runner.peak_rows
+
+    @property
+    def held_bytes(self) -> int:
+        return self.waiting_bytes + (self.cache.nbytes if self.cache is not None else 0)
+
+    def has_room(self) -> bool:
+        """Whether another context may be compressed into the queue now."""
+        return len(self.waiting) < self.batch_size and self.held_bytes < self.memory_bytes
+
+    def submit(self, request: DecodeRequest) -> None:
+        self.waiting.append(request)
+        self.waiting_bytes += request.nbytes
+
+    def busy(self) -> bool:
+        return bool(self.waiting) or any(row is not None for row in self.rows)
+
+    def abandon(self) -> list[DecodeRequest]:
+        """Drop every row, waiting or decoding, and the slot buffer (after a failed pass); returns their requests."""
+        dropped = [*(row.request for row in self.rows if row is not None), *self.waiting]
+        self.waiting.clear()
+        self.waiting_bytes = 0
+        self.rows, self.cache = [], None
+        return dropped
+
+    def step(self) -> list[FinishedRow]:
+        """Admit waiting rows into free slots (their questions in one pass), then decode one token for every row;
+        returns the rows that finished."""
+        finished: list[FinishedRow] = []
+        with torch.no_grad(), pool_attention_active(self.model):
+            finished += self._admit()
+            if any(row is not None for row in self.rows):
+                tokens = self.runner.decode(self.cache, self.rows)
+                for slot, (row, token) in enumerate(zip(self.rows, tokens, strict=True)):
+                    if row is not None:
+                        row.next_position += 1
+                        finished += self._append(slot, row, token)
+            self._compact()
+        return finished
+
+    # Slots
+
+    def _slot_bytes(self, capacity: int) -> int:
+        config = self.model.config
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        per_position = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * self.model.dtype.itemsize
+        return per_position * capacity
+
+    def _resize(self, slots: int, capacity: int) -> None:
+        """A new slot buffer of ``slots`` rows of ``capacity`` positions, keeping the rows decoding now."""
+        occupied = [slot for slot, row in enumerate(self.rows) if row is not None]
+        cache = SlotCache(self.model, slots, capacity)
+        if self.cache is not None:
+            cache.copy_from(self.cache, occupied)
+        else:
+            for slot in range(slots):
+                cache.free(slot)
+        self.rows = [self.rows[slot] for slot in occupied] + [None] * (slots - len(occupied))
+        self.cache = cache
+
+    def _admit(self) -> list[FinishedRow]:
+        if not self.waiting:
+            return []
+        active = sum(row is not None for row in self.rows)
+        capacity = max([self.cache.capacity if self.cache is not None else 0] + [r.slot_length() for r in self.waiting])
+        # As many slots as the batch size, the work at hand and the memory budget allow (at least one).
+        affordable = max(1, (self.memory_bytes - self.waiting_bytes) // self._slot_bytes(capacity))
+        slots = max(len(self.rows), min(self.batch_size, active + len(self.waiting), affordable))
+        if self.cache is None or slots > self.cache.slots or capacity > self.cache.capacity:
+            # Grown in steps, so that a slowly rising need does not copy the buffer at every admission.
+            self._resize(slots, capacity if self.cache is None else max(capacity, self.cache.capacity * 5 // 4))
+        joining = []
+        for slot in [slot for slot, row in enumerate(self.rows) if row is None]:
+            if not self.waiting:
+                break
+            request = self.waiting.popleft()
+            self.waiting_bytes -= request.nbytes
+            self.cache.load(slot, request)
+            self.rows[slot] = RunningRow(request)
+            joining.append(slot)
+        if not joining:
+            return []
+        rows = [self.rows[slot] for slot in joining]
+        logits = self.runner.ask_questions(self.cache, joining, rows)
+        finished = []
+        for slot, row, row_logits in zip(joining, rows, logits, strict=True):
+            if row.request.answer_ids is None:
+                finished += self._append(slot, row, int(row_logits[-1].argmax()))
+                continue
+            answer_length = row.request.answer_ids.shape[-1]
+            log_probs = torch.log_softmax(row_logits[-answer_length - 1 : -1].float(), dim=-1)
+            finished.append(self._leave(slot, row, log_probs))
+        return finished
+
+    def _append(self, slot: int, row: RunningRow, token: int) -> list[FinishedRow]:
+        row.tokens.append(token)
+        row.cost.generated_tokens += 1
+        if _finished(row.tokens, row.request.max_new_tokens, self.stop_ids):
+            return [self._leave(slot, row, row.tokens)]
+        return []
+
+    def _leave(self, slot: int, row: RunningRow, output) -> FinishedRow:
+        self.rows[slot] = None
+        self.cache.free(slot)
+        return FinishedRow(row.request.tag, output, row.cost)
+
+    def _compact(self) -> None:
+        """Once no row waits and most slots are idle, decode the remaining rows in a smaller buffer."""
+        active = sum(row is not None for row in self.rows)
+        if self.waiting or self.cache is None or active == 0 or active > len(self.rows) // 2:
+            return
+        self._resize(active, self.cache.capacity)
+
+
+def decode_all(model, requests: list[DecodeRequest], batch_size: int, memory_bytes: int = 2**40) -> list[list[int]]:
+    """The greedy tokens of every request, in order, decoded in one pool."""
+    tokens: list[list[int] | None] = [None] * len(requests)
+    pool = DecodingPool(model, batch_size, memory_bytes)
+    for index, request in enumerate(requests):
+        pool.submit(replace(request, tag=index))
+    while pool.busy():
+        for row in pool.step():
+            tokens[row.tag] = row.output
+    return tokens

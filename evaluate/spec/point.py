@@ -1,0 +1,49 @@
+"""One point of a run or sweep, resolved once: everything derived from its configuration that the later stages read.
+
+The run directory, the fingerprint, the method's name, the compression ratio applied, the attention and the device
+are each computed here, once per point, and every later stage (the plan, the engine, the recorder, the summary)
+reads them from the spec instead of deriving them again.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from evaluate.spec.config import (
+    attention_implementation,
+    effective_cr,
+    fingerprint,
+    method_name,
+    model_key,
+    resolve_device,
+    run_dir,
+)
+
+
+@dataclass(frozen=True)
+class PointSpec:
+    """A typed and validated configuration with what is derived from it (see the module docstring)."""
+
+    cfg: DictConfig
+    out: Path
+    fingerprint: str
+    method: str
+    effective_cr: float
+    attention: str
+    device: str
+    model_key: str
+
+
+def resolve(cfg: DictConfig) -> PointSpec:
+    """``cfg``'s spec; ``cfg`` has been typed and validated (evaluate/run/entry.py does both, once)."""
+    return PointSpec(
+        cfg=cfg,
+        out=run_dir(cfg),
+        fingerprint=fingerprint(cfg),
+        method=method_name(cfg),
+        effective_cr=effective_cr(cfg),
+        attention=attention_implementation(cfg),
+        device=resolve_device(cfg.device),
+        model_key=model_key(cfg),
+    )
