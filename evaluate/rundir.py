@@ -10,12 +10,13 @@ import fcntl
 import json
 import logging
 import os
+import secrets
 import socket
-import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TypeVar
 
 import yaml
 
@@ -30,11 +31,43 @@ CONFIG = "config.yaml"
 LOCK = ".lock"
 
 logger = logging.getLogger(__name__)
+_Made = TypeVar("_Made")
+
+
+def _fresh(parent: Path, prefix: str, make: Callable[[Path], _Made]) -> _Made:
+    """``make`` a new name in ``parent`` that starts with ``prefix``, another name as long as one exists.
+
+    Files and folders written beside their target are created with modes 0o666 and 0o777 so that the kernel applies
+    the umask (and a folder's default ACL), as for any file a program creates: tempfile.mkstemp and mkdtemp fix
+    0o600 and 0o700, which left every result owner-only. The umask itself is never read: only os.umask reads it
+    portably, by setting it, and a thread creating a file between its two calls would get the wrong mode.
+    """
+    while True:
+        try:
+            return make(parent / f"{prefix}{secrets.token_hex(4)}")
+        except FileExistsError:
+            continue
+
+
+def _new_file(path: Path) -> tuple[int, Path]:
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), path
+
+
+def _new_folder(path: Path) -> Path:
+    path.mkdir(0o777)
+    return path
+
+
+def staging_folder(parent: Path, prefix: str) -> Path:
+    """A new empty folder in ``parent`` (mode 0o777 less the umask) to fill, then rename into place."""
+    parent.mkdir(parents=True, exist_ok=True)
+    return _fresh(parent, prefix, _new_folder)
 
 
 def write_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` whole: written beside it (mode 0o666 less the umask), then renamed onto it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, staging = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+    fd, staging = _fresh(path.parent, f".{path.name}-", _new_file)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
@@ -42,7 +75,7 @@ def write_atomic(path: Path, text: str) -> None:
             os.fsync(handle.fileno())
         os.replace(staging, path)
     except BaseException:
-        Path(staging).unlink(missing_ok=True)
+        staging.unlink(missing_ok=True)
         raise
 
 

@@ -442,6 +442,13 @@ def test_report_command_writes_tables_and_readable_plots(runs_dir, tmp_path, cap
     assert width >= 1200 and height >= 1000  # 13 task panels, 4 per row
 
 
+def test_plots_go_beside_the_tables_given_by_out_unless_plots_is_given(runs_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # where the default results/tables/plots/ would land
+    main([str(runs_dir), "--out", str(tmp_path / "tables"), "--bootstrap", "0"])
+    assert sorted(path.name for path in (tmp_path / "tables" / "plots").iterdir()) == ["ruler.png", "ruler_tasks.png"]
+    assert not (tmp_path / "results").exists()
+
+
 def test_a_long_legend_label_widens_the_plot_instead_of_being_cut_off(tmp_path):
     widths = []
     for method in ("snapkv", "a_press_whose_name_runs_far_beyond_the_legend_margin_of_the_figure_snapkv"):

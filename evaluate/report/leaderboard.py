@@ -19,7 +19,6 @@ import argparse
 import json
 import shutil
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -161,7 +160,7 @@ def predictions_csv(run: RunResult) -> str:
 def write_submission(submission: Submission, out: Path) -> Path:
     """Assemble the directory beside ``out`` and rename it into place; an old export of the run is replaced."""
     out.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{submission.name}.", dir=out.parent))
+    staging = rundir.staging_folder(out.parent, f".{submission.name}.")
     target = out / submission.name
     try:
         (staging / "predictions.csv").write_text(predictions_csv(submission.run), encoding="utf-8")
