@@ -95,6 +95,33 @@ def read_yaml(path: Path) -> dict | None:
     return yaml.safe_load(path.read_text(encoding="utf-8")) if path.exists() else None
 
 
+class Unreadable(ConfigError):
+    """A run file that cannot be read as the mapping it should hold; the message names the file and why, in one
+    line, so that a reader of a results tree can skip it and go on with the rest."""
+
+    def __init__(self, path: Path, reason: str):
+        super().__init__(f"{path}: {' '.join(reason.split())}")
+        self.path = path
+
+
+def read_record(path: Path) -> dict | None:
+    """The mapping a run file holds (config.yaml as YAML, the others as JSON), None when it is missing; raises
+    :class:`Unreadable` for a file that is unreadable, a folder, truncated, not JSON or YAML, or not a mapping."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        raise Unreadable(path, f"unreadable ({error.strerror})") from None
+    try:
+        data = yaml.safe_load(text) if path.suffix == ".yaml" else json.loads(text)
+    except (ValueError, yaml.YAMLError) as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise Unreadable(path, f"not {'YAML' if path.suffix == '.yaml' else 'JSON'} ({error})") from None
+    if not isinstance(data, dict):
+        raise Unreadable(path, f"holds a {type(data).__name__}, not a mapping")
+    return data
+
+
 class DamagedPredictions(ConfigError):
     """A predictions file with an unreadable line that is not a torn last line; nothing reads past it."""
 
@@ -126,9 +153,12 @@ def read_predictions(path: Path, repair: bool = False) -> list[dict]:
     """Rows of a predictions file. A torn last line (a crash mid-write) is dropped, and cut from the file when
     ``repair`` is set so that appending can resume after the last complete row. Any other unreadable line is
     refused with :class:`DamagedPredictions`, naming the file and line, and the file is left untouched."""
-    if not path.exists():
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
         return []
-    data = path.read_bytes()
+    except OSError as error:
+        raise Unreadable(path, f"unreadable ({error.strerror})") from None
     lines, complete_end = _numbered_lines(data)
     rows = []
     for number, raw in lines:

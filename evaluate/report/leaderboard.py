@@ -204,11 +204,18 @@ def export(runs_dir: Path, out: Path, allow_partial: bool = False) -> tuple[list
         except Refused as reason:
             refused.append((run.path, f"partial: {reason}; pass --allow-partial to export it anyway"))
             continue
+        except (KeyError, TypeError) as error:  # a task without its score, a row without its answers
+            refused.append((run.path, f"{run.path / rundir.METRICS} lacks a field the submission needs ({error!r})"))
+            continue
         if submission.name in names:
             refused.append((run.path, f"{submission.name} is already exported from {names[submission.name]}"))
             continue
+        try:
+            write_submission(submission, out)
+        except KeyError as error:
+            refused.append((run.path, f"{run.path / rundir.PREDICTIONS}: rows without the column {error}"))
+            continue
         names[submission.name] = run.path
-        write_submission(submission, out)
         written.append(submission)
     if written:
         write_leaderboard_csv(written, out)
