@@ -10,12 +10,13 @@ import fcntl
 import json
 import logging
 import os
+import secrets
 import socket
-import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TypeVar
 
 import yaml
 
@@ -30,11 +31,43 @@ CONFIG = "config.yaml"
 LOCK = ".lock"
 
 logger = logging.getLogger(__name__)
+_Made = TypeVar("_Made")
+
+
+def _fresh(parent: Path, prefix: str, make: Callable[[Path], _Made]) -> _Made:
+    """``make`` a new name in ``parent`` that starts with ``prefix``, another name as long as one exists.
+
+    Files and folders written beside their target are created with modes 0o666 and 0o777 so that the kernel applies
+    the umask (and a folder's default ACL), as for any file a program creates: tempfile.mkstemp and mkdtemp fix
+    0o600 and 0o700, which left every result owner-only. The umask itself is never read: only os.umask reads it
+    portably, by setting it, and a thread creating a file between its two calls would get the wrong mode.
+    """
+    while True:
+        try:
+            return make(parent / f"{prefix}{secrets.token_hex(4)}")
+        except FileExistsError:
+            continue
+
+
+def _new_file(path: Path) -> tuple[int, Path]:
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), path
+
+
+def _new_folder(path: Path) -> Path:
+    path.mkdir(0o777)
+    return path
+
+
+def staging_folder(parent: Path, prefix: str) -> Path:
+    """A new empty folder in ``parent`` (mode 0o777 less the umask) to fill, then rename into place."""
+    parent.mkdir(parents=True, exist_ok=True)
+    return _fresh(parent, prefix, _new_folder)
 
 
 def write_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` whole: written beside it (mode 0o666 less the umask), then renamed onto it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, staging = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+    fd, staging = _fresh(path.parent, f".{path.name}-", _new_file)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
@@ -42,7 +75,7 @@ def write_atomic(path: Path, text: str) -> None:
             os.fsync(handle.fileno())
         os.replace(staging, path)
     except BaseException:
-        Path(staging).unlink(missing_ok=True)
+        staging.unlink(missing_ok=True)
         raise
 
 
@@ -60,6 +93,33 @@ def read_json(path: Path) -> dict | None:
 
 def read_yaml(path: Path) -> dict | None:
     return yaml.safe_load(path.read_text(encoding="utf-8")) if path.exists() else None
+
+
+class Unreadable(ConfigError):
+    """A run file that cannot be read as the mapping it should hold; the message names the file and why, in one
+    line, so that a reader of a results tree can skip it and go on with the rest."""
+
+    def __init__(self, path: Path, reason: str):
+        super().__init__(f"{path}: {' '.join(reason.split())}")
+        self.path = path
+
+
+def read_record(path: Path) -> dict | None:
+    """The mapping a run file holds (config.yaml as YAML, the others as JSON), None when it is missing; raises
+    :class:`Unreadable` for a file that is unreadable, a folder, truncated, not JSON or YAML, or not a mapping."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        raise Unreadable(path, f"unreadable ({error.strerror})") from None
+    try:
+        data = yaml.safe_load(text) if path.suffix == ".yaml" else json.loads(text)
+    except (ValueError, yaml.YAMLError) as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise Unreadable(path, f"not {'YAML' if path.suffix == '.yaml' else 'JSON'} ({error})") from None
+    if not isinstance(data, dict):
+        raise Unreadable(path, f"holds a {type(data).__name__}, not a mapping")
+    return data
 
 
 class DamagedPredictions(ConfigError):
@@ -93,9 +153,12 @@ def read_predictions(path: Path, repair: bool = False) -> list[dict]:
     """Rows of a predictions file. A torn last line (a crash mid-write) is dropped, and cut from the file when
     ``repair`` is set so that appending can resume after the last complete row. Any other unreadable line is
     refused with :class:`DamagedPredictions`, naming the file and line, and the file is left untouched."""
-    if not path.exists():
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
         return []
-    data = path.read_bytes()
+    except OSError as error:
+        raise Unreadable(path, f"unreadable ({error.strerror})") from None
     lines, complete_end = _numbered_lines(data)
     rows = []
     for number, raw in lines:

@@ -20,6 +20,7 @@ from evaluate.benchmarks.loogle import Loogle
 from evaluate.benchmarks.ruler import TASKS as RULER_TASKS
 from evaluate.benchmarks.ruler import Ruler
 from evaluate.benchmarks.ruler_synth import RulerSynth
+from evaluate.report import plots
 from evaluate.report.build import build_report
 from evaluate.report.cli import main
 from evaluate.report.compare import load_references
@@ -442,6 +443,13 @@ def test_report_command_writes_tables_and_readable_plots(runs_dir, tmp_path, cap
     assert width >= 1200 and height >= 1000  # 13 task panels, 4 per row
 
 
+def test_plots_go_beside_the_tables_given_by_out_unless_plots_is_given(runs_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # where the default results/tables/plots/ would land
+    main([str(runs_dir), "--out", str(tmp_path / "tables"), "--bootstrap", "0"])
+    assert sorted(path.name for path in (tmp_path / "tables" / "plots").iterdir()) == ["ruler.png", "ruler_tasks.png"]
+    assert not (tmp_path / "results").exists()
+
+
 def test_a_long_legend_label_widens_the_plot_instead_of_being_cut_off(tmp_path):
     widths = []
     for method in ("snapkv", "a_press_whose_name_runs_far_beyond_the_legend_margin_of_the_figure_snapkv"):
@@ -450,6 +458,50 @@ def test_a_long_legend_label_widens_the_plot_instead_of_being_cut_off(tmp_path):
         frame = runs_frame(collect_runs(root)[0])
         widths.append(png_size(plot_benchmark("ruler", frame, tmp_path / f"{method}.png"))[0])
     assert widths[1] > widths[0]  # the canvas grew to hold the whole label
+
+
+def drawn_figures(monkeypatch) -> list:
+    """The figures the plot functions draw, kept open instead of saved."""
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path, dpi: figures.append(fig) or path)
+    return figures
+
+
+def test_a_variant_holding_a_long_path_gets_a_short_unique_legend_label_that_fits_the_plot(tmp_path, monkeypatch):
+    root = tmp_path / "runs"
+    deep = "/data/" + "a_folder_whose_name_is_rather_long/" * 4
+    for folder in ("first", "second"):
+        ruler = ruler_benchmark(path=f"{deep}{folder}/ruler.jsonl")
+        write_run(root, uniform([True]), method="snapkv", cr=0.5, benchmark=ruler)
+    write_run(root, uniform([True]), method="no_press", benchmark=ruler_benchmark(path=f"{deep}first/ruler.jsonl"))
+    frame = runs_frame(collect_runs(root)[0])
+    figures = drawn_figures(monkeypatch)
+    plots.plot_benchmark("ruler", frame, tmp_path / "ruler.png")
+    plots.plot_task_grid("ruler", frame, tmp_path / "ruler_tasks.png")
+    (headline, grid) = figures
+    assert [text.get_text() for text in headline.legends[0].get_texts()] == [
+        'snapkv [benchmark.path="…/first/ruler.jsonl"]',
+        'snapkv [benchmark.path="…/second/ruler.jsonl"]',
+        "no compression (100.00)",
+    ]
+    for figure, width in ((headline, headline.axes[0]), (grid, grid)):
+        figure.canvas.draw()
+        assert figure.legends[0].get_window_extent().width < width.get_window_extent().width
+
+
+def test_task_panels_share_one_y_scale_that_shows_zero_scores_above_the_axis(tmp_path, monkeypatch):
+    root = tmp_path / "runs"
+    halves = {task: [index % 2 == 0] for index, task in enumerate(RULER_TASKS)}  # tasks of 100 and tasks of 0
+    write_run(root, halves, method="snapkv", cr=0.5)
+    write_run(root, uniform([False]), method="snapkv", cr=0.75)
+    figures = drawn_figures(monkeypatch)
+    plots.plot_task_grid("ruler", runs_frame(collect_runs(root)[0]), tmp_path / "ruler_tasks.png")
+    panels = [ax for ax in figures[0].axes if ax.get_visible()]
+    assert len(panels) == len(RULER_TASKS)
+    assert all(panels[0].get_shared_y_axes().joined(panels[0], ax) for ax in panels)
+    bottom, top = panels[0].get_ylim()
+    assert {ax.get_ylim() for ax in panels} == {(bottom, top)}
+    assert bottom < 0 < 100 <= top  # a score of 0 is drawn above the axis, 100 below the top
 
 
 def test_report_without_finished_runs_says_why(tmp_path):

@@ -1,7 +1,7 @@
 """Tables from finished runs: ``python -m evaluate.report [RUNS_DIR]``.
 
-Writes Markdown and CSV tables (built by :mod:`evaluate.results`) under ``results/tables/`` and plots under
-``results/tables/plots/`` (both ignored by git: the committed example plots in results/plots/ stay as they are):
+Writes Markdown and CSV tables (built by :mod:`evaluate.results`) under ``results/tables/`` (``--out``) and plots
+under its ``plots/`` (``--plots``; both ignored by git: the committed example plots in results/plots/ stay as they are):
 ``{benchmark}``, the headline in the EG-ChunkKV PR's layout (benchmark x method rows, ``cr=``
 columns, ``no compression`` from the ``no_press`` runs; each cell with its bootstrap 95% interval, its sample count
 and ``*`` when partial); ``{benchmark}_tasks``, task x method per ratio; an effect table per entry of
@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> None:
     add = parser.add_argument
     add("runs_dir", nargs="?", type=Path, default=DEFAULT_RUNS, help="default: %(default)s")
     add("--out", type=Path, default=Path("results/tables"), help="tables folder (default: %(default)s)")
-    add("--plots", type=Path, default=Path("results/tables/plots"), help="plots folder (default: %(default)s)")
+    add("--plots", type=Path, help="plots folder (default: the tables folder's plots/)")
     add("--no-plots", action="store_true", help="write tables only")
     add("--diff", nargs=2, action="append", default=[], metavar=("A", "B"), help="add a table of method A − method B")
     add("--experiment", metavar="NAME", help="effect tables of conf/experiment/NAME.yaml's report: entry")
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.no_plots:
         from evaluate.report.plots import plot_all  # matplotlib only when drawing
 
-        plots = plot_all(report.frame, args.plots)
+        plots = plot_all(report.frame, args.plots or args.out / "plots")
     print(report.page(args.runs_dir, args.bootstrap))
     for path, reason in skipped:
         print(f"skipped {path}: {reason}", file=sys.stderr)

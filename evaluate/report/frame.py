@@ -4,23 +4,12 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from evaluate.report.runs import NO_PRESS, RunResult
 from evaluate.score.likelihood import FIELDS as LIKELIHOOD_FIELDS
+from evaluate.report.runs import COST_COLUMNS, NO_PRESS, RunResult
 
 _RUN_ATTRIBUTES = "benchmark model model_id method variant query_aware score interval_note partial_reasons".split()
 _INTERVAL = {"ci_low": "low", "ci_high": "high", "contexts": "contexts"}  # frame column: Interval attribute
 _TASK_COLUMNS = ["task", "task_score", "task_n", *(f"task_{name}" for name in LIKELIHOOD_FIELDS), "task_likelihood_n"]
-# What a run cost, as run.json records it (evaluate/run/recorder.py): the report's cost table and plot.
-COST_COLUMNS = (
-    "prefill_seconds",
-    "compress_seconds",
-    "decode_seconds",
-    "generated_tokens",
-    "decode_tokens_per_second",
-    "forward_passes_per_question",
-    "kv_bytes_held_per_context",
-    "kv_bytes_kept_per_context",
-)
 QUERY_AWARE = {True: " (query-aware)", False: ""}  # what labels add for query-aware runs
 
 

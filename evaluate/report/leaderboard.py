@@ -19,7 +19,6 @@ import argparse
 import json
 import shutil
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -161,7 +160,7 @@ def predictions_csv(run: RunResult) -> str:
 def write_submission(submission: Submission, out: Path) -> Path:
     """Assemble the directory beside ``out`` and rename it into place; an old export of the run is replaced."""
     out.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{submission.name}.", dir=out.parent))
+    staging = rundir.staging_folder(out.parent, f".{submission.name}.")
     target = out / submission.name
     try:
         (staging / "predictions.csv").write_text(predictions_csv(submission.run), encoding="utf-8")
@@ -205,11 +204,18 @@ def export(runs_dir: Path, out: Path, allow_partial: bool = False) -> tuple[list
         except Refused as reason:
             refused.append((run.path, f"partial: {reason}; pass --allow-partial to export it anyway"))
             continue
+        except (KeyError, TypeError) as error:  # a task without its score, a row without its answers
+            refused.append((run.path, f"{run.path / rundir.METRICS} lacks a field the submission needs ({error!r})"))
+            continue
         if submission.name in names:
             refused.append((run.path, f"{submission.name} is already exported from {names[submission.name]}"))
             continue
+        try:
+            write_submission(submission, out)
+        except KeyError as error:
+            refused.append((run.path, f"{run.path / rundir.PREDICTIONS}: rows without the column {error}"))
+            continue
         names[submission.name] = run.path
-        write_submission(submission, out)
         written.append(submission)
     if written:
         write_leaderboard_csv(written, out)

@@ -8,7 +8,7 @@ ratio."""
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import matplotlib
@@ -17,6 +17,7 @@ import pandas as pd
 
 from evaluate.benchmarks.needle_in_haystack import TASK_SCORE_LABEL, NeedleInHaystack, task_depth
 from evaluate.report.frame import QUERY_AWARE, bracketed, run_level
+from evaluate.report.runs import NO_PRESS
 
 matplotlib.use("Agg")  # files only; never a display
 
@@ -34,11 +35,34 @@ def _lines(frame: pd.DataFrame, benchmark: str, qualified: bool = False) -> tupl
     lines = rows.method + rows.variant.map(bracketed)
     if qualified and len(rows[["model", "query_aware"]].drop_duplicates()) > 1:
         lines += " · " + rows.model + rows.query_aware.map(QUERY_AWARE)
-    rows = rows.assign(line=lines).sort_values("cr", kind="stable")
+    rows = rows.assign(line=lines.map(short_labels(lines))).sort_values("cr", kind="stable")
     labels = sorted(rows.line[~rows.reference].unique())
     palette = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20")
     styles = {label: (palette(i % palette.N), _MARKERS[i % len(_MARKERS)]) for i, label in enumerate(labels)}
     return rows, styles, sorted(rows.cr[~rows.reference].unique()) or [0.0]
+
+
+_PATH = re.compile(r'"[^"]*/[^"]*"')  # a JSON string in a variant that holds a path (benchmark.path)
+
+
+def _path_tail(label: str, parts: int) -> str:
+    """``label`` with each path in it cut to its last ``parts`` components, where that is shorter."""
+
+    def cut(match: re.Match) -> str:
+        tail = '"…/' + "/".join(match.group(0)[1:-1].split("/")[-parts:]) + '"'
+        return min(match.group(0), tail, key=len)
+
+    return _PATH.sub(cut, label)
+
+
+def short_labels(labels: Iterable[str]) -> dict[str, str]:
+    """Legend labels that fit a plot: each path in a variant (benchmark.path, often wider than the panel) cut to its
+    last components, as few as keep the labels unique, so that every line can still be told apart and found in the
+    tables (their labels hold the whole path). Other long labels widen the canvas rather than lose their words."""
+    distinct = sorted(set(labels))
+    unique = (depth for depth in range(1, 64) if len({_path_tail(label, depth) for label in distinct}) == len(distinct))
+    depth = next(unique, 64)
+    return {label: _path_tail(label, depth) for label in distinct}
 
 
 def _draw_points(ax, line: pd.DataFrame, ys: list[float], style, label, size=6):
@@ -59,10 +83,12 @@ def _style(ax, ratios: Sequence[float], values: Sequence[float], fontsize: int =
     ax.set_xlim(min(ratios) - 0.08 * span, max(ratios) + 0.08 * span)
     # Scores are on a 0-100 scale: an axis never shrinks below 0-10, so all-zero panels still read as near zero.
     # Missing values (None: no interval, as under --bootstrap 0) do not count.
-    # Other quantities (KL in nats) take their own range from zero.
+    # Other quantities (KL in nats) take their own range from zero. The axis starts a little below zero so that a
+    # line of zeros is drawn above the axis, not hidden in it.
     finite = [value for value in values if value is not None and math.isfinite(value)]
     top = max(finite, default=0.0)
-    ax.set_ylim(0, min(105.0, max(10.0, top * 1.12 + 1.0)) if score else max(top * 1.12, 1e-3))
+    top = min(105.0, max(10.0, top * 1.12 + 1.0)) if score else max(top * 1.12, 1e-3)
+    ax.set_ylim(-0.04 * top, top)
     ax.grid(True, alpha=0.3)
     ax.spines[["top", "right"]].set_visible(False)
 
@@ -119,7 +145,7 @@ def _against_cr(
             else:  # a band needs two points; one point gets a whisker
                 ax.errorbar(xs, ys, yerr=[[ys[0] - lows[0]], [highs[0] - ys[0]]], color=styles[label][0], capsize=4)
         for reference in members[members.reference & members[value].notna()].to_dict("records"):
-            label = f"no compression{bracketed(reference['variant'])} ({reference[value]:.{digits}f})"
+            label = f"no compression{reference['line'].removeprefix(NO_PRESS)} ({reference[value]:.{digits}f})"
             ax.axhline(reference[value], color=_REFERENCE_COLOR, linestyle="--", linewidth=1.5, label=label)
             if pd.notna(reference[low]):
                 ax.axhspan(reference[low], reference[high], color=_REFERENCE_COLOR, alpha=0.08)
@@ -143,7 +169,9 @@ def plot_task_grid(benchmark: str, frame: pd.DataFrame, path: Path) -> Path:
     tasks = sorted(rows.task.dropna().unique())
     compressed = rows[~rows.reference]
     grid_rows, columns = math.ceil(len(tasks) / 4), min(4, len(tasks))
-    fig, axes = plt.subplots(grid_rows, columns, figsize=(3.6 * columns, 2.9 * grid_rows + 0.9), squeeze=False)
+    # One y-scale for every panel, so that panels compare at a glance and a task's low scores look low.
+    figsize = (3.6 * columns, 2.9 * grid_rows + 0.9)
+    fig, axes = plt.subplots(grid_rows, columns, figsize=figsize, squeeze=False, sharey=True)
     for ax, task in zip(axes.flat, tasks, strict=False):
         for label, style in styles.items():  # every method, drawn empty where it lacks the task
             line = compressed[(compressed.line == label) & (compressed.task == task)]
@@ -151,7 +179,7 @@ def plot_task_grid(benchmark: str, frame: pd.DataFrame, path: Path) -> Path:
         for score in rows[rows.reference & (rows.task == task)].sort_values("run").task_score.dropna():
             ax.axhline(score, color=_REFERENCE_COLOR, linestyle="--", linewidth=1.2, label="no compression")
         ax.set_title(f"{task} (n≤{rows.task_n[rows.task == task].max()})", fontsize=10)
-        _style(ax, ratios, rows.task_score[rows.task == task].tolist(), fontsize=8)
+        _style(ax, ratios, rows.task_score.tolist(), fontsize=8)
     for ax in list(axes.flat)[len(tasks) :]:
         ax.set_visible(False)
     handles, labels = axes.flat[0].get_legend_handles_labels()

@@ -2,6 +2,7 @@
 
 import json
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -77,30 +78,138 @@ class RunResult:
         return self.benchmark_object.coverage(self.rows, self.config)
 
 
+# What a run cost, as run.json records it (evaluate/run/recorder.py): the report's cost table and plot.
+COST_COLUMNS = (
+    "prefill_seconds",
+    "compress_seconds",
+    "decode_seconds",
+    "generated_tokens",
+    "decode_tokens_per_second",
+    "forward_passes_per_question",
+    "kv_bytes_held_per_context",
+    "kv_bytes_kept_per_context",
+)
+# Files a run directory holds: a folder with any of them is a run directory, whatever else it holds.
+RUN_FILES = (rundir.RUN, rundir.CONFIG, rundir.METRICS, rundir.PREDICTIONS)
+# What the tables read of each run file, by dotted key, with the types it must have where it is present and not null.
+_NUMBER = (int, float)
+_SHAPES = {
+    rundir.CONFIG: {
+        "config": dict,
+        "config.benchmark": dict,
+        "config.model": dict,
+        "config.model.source": dict,
+        "compression_ratio": _NUMBER,
+    },
+    rundir.METRICS: {"tasks": dict, "score": _NUMBER, "likelihood": dict},
+    rundir.RUN: {
+        "status": str,
+        "updated_at": str,
+        **dict.fromkeys(("wall_seconds", "peak_memory_mb", *COST_COLUMNS), _NUMBER),
+    },
+}
+_TASK_SHAPE = {"n": int, "score": _NUMBER}
+_KIND_NAMES = {dict: "a mapping", str: "a string", int: "an integer", _NUMBER: "a number"}
+
+
+def find_run_directories(runs_dir: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """The run directories under ``runs_dir`` (itself included), and what else the tree holds that leads to no run,
+    with why: a stray file, an empty folder, a folder that cannot be listed. Hidden files (.gitkeep) are no stray
+    files, and a run directory's other files (.lock, a repair's .damaged lines) are its own."""
+    found, other = [], []
+
+    def unlistable(error: OSError) -> None:
+        other.append((Path(error.filename), f"folder cannot be listed ({error.strerror})"))
+
+    for folder, folders, files in os.walk(runs_dir, onerror=unlistable):
+        if set(RUN_FILES) & {*folders, *files}:
+            found.append(Path(folder))
+            folders.clear()  # a run file that is a folder is the run's damage, not a tree to search
+            continue
+        folders.sort()
+        other += [(Path(folder, name), "stray file, in no run directory") for name in files if name[0] != "."]
+        if not folders and not files:
+            other.append((Path(folder), "empty folder, no run in it"))
+    return sorted(found), sorted(other)
+
+
+def misshapen(data: dict, shape: dict[str, type | tuple[type, ...]]) -> str | None:
+    """The first dotted key of ``shape`` whose value in ``data`` has another type, as a reason; None when all fit.
+    A missing value fits, and a null one where a scalar is wanted: the tables show it as missing."""
+    for key, kind in shape.items():
+        value, parts = data, key.split(".")
+        while parts and isinstance(value, dict) and parts[0] in value:
+            value = value[parts.pop(0)]
+        fits = (
+            parts or (value is None and kind is not dict) or (isinstance(value, kind) and not isinstance(value, bool))
+        )
+        if not fits:
+            return f"{key} is {json.dumps(value, default=str)[:60]}, not {_KIND_NAMES[kind]}"
+    return None
+
+
+def _misshapen_tasks(metrics: dict) -> str | None:
+    for name, task in metrics.get("tasks", {}).items():
+        wrong = misshapen(task, _TASK_SHAPE) if isinstance(task, dict) else "not a mapping"
+        if wrong:
+            return f"task {name}: {wrong}"
+    return None
+
+
+def read_run_file(path: Path) -> dict | None:
+    """A run file as the mapping the tables read, None when missing; ReportError naming the file and why, in one
+    line, for one that cannot be read, is not JSON or YAML, is no mapping or holds a field of the wrong type."""
+    try:
+        data = rundir.read_record(path)
+    except rundir.Unreadable as error:
+        raise ReportError(str(error)) from None
+    if data is None:
+        return None
+    wrong = misshapen(data, _SHAPES[path.name])
+    if wrong is None and path.name == rundir.METRICS:
+        wrong = _misshapen_tasks(data)
+    if wrong:
+        raise ReportError(f"{path}: {wrong}")
+    return data
+
+
+def read_run(path: Path) -> RunResult:
+    """The finished run in ``path``; ReportError (or ValueError, for damaged predictions) saying why it cannot be
+    reported, naming the file at fault."""
+    run = read_run_file(path / rundir.RUN)
+    if run is None:
+        raise ReportError(f"{path} has no {rundir.RUN}")
+    if run.get("status", "unknown") not in rundir.FINISHED:
+        raise ReportError(f"status {run.get('status', 'unknown')}")
+    record, metrics = read_run_file(path / rundir.CONFIG), read_run_file(path / rundir.METRICS)
+    if record is None:
+        raise ReportError(f"{path} has no {rundir.CONFIG}")
+    if metrics is None:
+        raise ReportError(f"{path} has no {rundir.METRICS}; rescore it with python -m evaluate.score {path}")
+    settings = record.get("config", {}).get("benchmark")
+    if not settings:
+        raise ReportError(f"{path / rundir.CONFIG}: no config.benchmark to judge the run by")
+    try:
+        benchmark = instantiate(settings)
+    except Exception as error:  # a benchmark this code base no longer builds: the run cannot be judged
+        raise ReportError(f"cannot rebuild its benchmark from {rundir.CONFIG}: {error}") from error
+    result = RunResult(path, record, metrics, run, benchmark)
+    _ = result.rows  # read now: a run whose predictions are damaged is skipped here, naming the line
+    return result
+
+
 def collect_runs(runs_dir: Path) -> tuple[list[RunResult], list[tuple[Path, str]]]:
-    """Every finished run under ``runs_dir`` (searched recursively), and the directories skipped with why."""
+    """Every finished run under ``runs_dir`` (searched recursively), and what was skipped with why, in one line each:
+    runs that are not finished or cannot be read, and whatever else the tree holds that is no run."""
     if not runs_dir.is_dir():
         raise ReportError(f"{runs_dir} is not a directory; pass the folder that holds the run directories")
-    runs, skipped = [], []
-    for run_file in sorted(runs_dir.rglob(rundir.RUN)):
-        path, run = run_file.parent, rundir.read_json(run_file) or {}
+    folders, skipped = find_run_directories(runs_dir)
+    runs = []
+    for path in folders:
         try:
-            if run.get("status", "unknown") not in rundir.FINISHED:
-                raise ReportError(f"status {run.get('status', 'unknown')}")
-            record, metrics = rundir.read_yaml(path / rundir.CONFIG), rundir.read_json(path / rundir.METRICS)
-            if record is None:
-                raise ReportError(f"{path} has no {rundir.CONFIG}")
-            if metrics is None:
-                raise ReportError(f"{path} has no {rundir.METRICS}; rescore it with python -m evaluate.score {path}")
-            try:
-                benchmark = instantiate(record.get("config", {}).get("benchmark", {}))
-            except Exception as error:  # a benchmark this code base no longer builds: the run cannot be judged
-                raise ReportError(f"cannot rebuild its benchmark from {rundir.CONFIG}: {error}") from error
-            result = RunResult(path, record, metrics, run, benchmark)
-            _ = result.rows  # read now: a run whose predictions are damaged is skipped here, naming the line
-            runs.append(result)
+            runs.append(read_run(path))
         except (ReportError, ValueError) as error:
-            skipped.append((path, str(error)))
+            skipped.append((path, " ".join(str(error).split())))
     runs, duplicates = _assign_variants(runs)
     return runs, skipped + duplicates
 

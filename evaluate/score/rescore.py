@@ -1,10 +1,11 @@
 """Rescore predictions without re-running the model.
 
-    python -m evaluate.score RUN_DIR                       # rewrites RUN_DIR/metrics.json
+    python -m evaluate.score RUN_DIR [RUN_DIR ...]         # rewrites each RUN_DIR/metrics.json
     python -m evaluate.score --benchmark ruler FILE.jsonl  # prints metrics JSON for rows with task, answers, prediction
 
 A run directory is scored by the benchmark exactly as its config.yaml recorded it; a bare file by the
-named benchmark's default configuration.
+named benchmark's default configuration. Of several run directories (``results/runs/*/``), one that cannot be
+rescored is named with why on stderr and the others are rescored; the exit status is then 2.
 """
 
 import argparse
@@ -61,32 +62,64 @@ def score_rows(benchmark, rows: list[dict]) -> dict:
 
 
 def rescore_run(run_directory: Path) -> dict:
-    record = rundir.read_yaml(run_directory / rundir.CONFIG)
+    """Rewrite the run's metrics.json from its predictions; ConfigError, naming the file and why in one line, for a
+    run whose config or predictions cannot be read, before metrics.json is touched."""
+    config_file = run_directory / rundir.CONFIG
+    record = rundir.read_record(config_file)
     if record is None:
         raise ConfigError(f"{run_directory} has no {rundir.CONFIG}; is it a run directory?")
-    benchmark = instantiate(record["config"]["benchmark"])
-    metrics = score_rows(benchmark, rundir.read_predictions(run_directory / rundir.PREDICTIONS))
+    settings = record.get("config")
+    if not isinstance(settings, dict) or not isinstance(settings.get("benchmark"), dict):
+        raise ConfigError(f"{config_file}: no config.benchmark mapping to rebuild the benchmark from")
+    try:
+        benchmark = instantiate(settings["benchmark"])
+    except Exception as error:  # a benchmark this code base no longer builds
+        raise ConfigError(f"{config_file}: cannot rebuild its benchmark ({' '.join(str(error).split())})") from None
+    predictions = run_directory / rundir.PREDICTIONS
+    try:
+        metrics = score_rows(benchmark, rundir.read_predictions(predictions))
+    except (KeyError, TypeError, AttributeError) as error:  # rows of JSON objects without the fields it scores
+        raise ConfigError(f"{predictions}: rows the benchmark cannot score ({error!r})") from None
     rundir.write_json(run_directory / rundir.METRICS, metrics)
     return metrics
 
 
+def rescore_all(paths: list[Path]) -> bool:
+    """Rescore every run directory of ``paths`` and print its table; one that cannot be rescored gets a line on
+    stderr naming the file and why, and the others go on. Returns whether all were rescored."""
+    done = True
+    for path in paths:
+        try:
+            if not path.is_dir():
+                raise ConfigError(f"{path} is not a run directory; to score a file, pass --benchmark NAME")
+            # A damaged predictions file is refused before metrics.json is touched.
+            metrics = rescore_run(path)
+        except ConfigError as error:
+            if len(paths) == 1:
+                refuse(error)
+            print(f"error: {error}", file=sys.stderr)
+            done = False
+            continue
+        print(format_task_table(metrics, title=str(path)))
+    return done
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m evaluate.score", description=__doc__.split("\n\n")[0])
-    parser.add_argument("path", type=Path, help="a run directory, or a predictions .jsonl file with --benchmark")
+    parser.add_argument(
+        "paths", nargs="+", type=Path, help="run directories, or one predictions .jsonl file with --benchmark"
+    )
     parser.add_argument("--benchmark", help="score a bare predictions file as this benchmark (e.g. ruler)")
     args = parser.parse_args(argv)
+    if args.benchmark is None:
+        if not rescore_all(args.paths):
+            sys.exit(2)
+        return
     try:
-        if args.benchmark is not None:
-            if not args.path.is_file():
-                raise ConfigError(f"{args.path} is not a file")
-            metrics = score_rows(benchmark_from_name(args.benchmark), rundir.read_predictions(args.path))
-            json.dump(metrics, sys.stdout, indent=2)
-            print()
-            return
-        if not args.path.is_dir():
-            raise ConfigError(f"{args.path} is not a run directory; to score a file, pass --benchmark NAME")
-        # A damaged predictions file is refused before metrics.json is touched.
-        metrics = rescore_run(args.path)
+        if len(args.paths) != 1 or not args.paths[0].is_file():
+            raise ConfigError(f"--benchmark scores one predictions file; {' '.join(map(str, args.paths))} is not one")
+        metrics = score_rows(benchmark_from_name(args.benchmark), rundir.read_predictions(args.paths[0]))
     except ConfigError as error:
         refuse(error)
-    print(format_task_table(metrics, title=str(args.path)))
+    json.dump(metrics, sys.stdout, indent=2)
+    print()
