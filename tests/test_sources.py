@@ -185,3 +185,99 @@ def test_ruler_metric_matches_kvpress_calculate_metrics():
     metrics = ruler.score_predictions(read_jsonl(FIXTURES / "ruler_predictions.jsonl"))
     assert {task: values["score"] for task, values in metrics["tasks"].items()} == reference
     assert metrics["score"] == round(sum(reference.values()) / len(reference), 2) == 70.83
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# rows checked where they enter
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "change, refusal",
+    [
+        ({"max_new_tokens": "abc"}, "field 'max_new_tokens' is \"abc\", not a positive integer"),
+        ({"max_new_tokens": 0}, "field 'max_new_tokens' is 0, not a positive integer"),
+        ({"context": 12}, "field 'context' is 12, not a string"),
+        ({"task": None}, "field 'task' is null, not a string"),
+        (
+            {"answer": "a string"},
+            "field 'answer' is \"a string\", not a non-empty list of strings (the reference answers a row is scored "
+            "against)",
+        ),
+        (
+            {"answer": []},
+            "field 'answer' is [], not a non-empty list of strings (the reference answers a row is scored against)",
+        ),
+        (
+            {"answer": ["x", 3]},
+            "field 'answer' is [\"x\", 3], not a non-empty list of strings (the reference answers "
+            "a row is scored against)",
+        ),
+    ],
+    ids=[
+        "max-new-tokens-text",
+        "max-new-tokens-zero",
+        "context-number",
+        "task-null",
+        "answer-string",
+        "answer-empty",
+        "answer-number",
+    ],
+)
+def test_a_bad_field_is_refused_in_one_line_naming_file_line_and_field(tmp_path, tiny_tokenizer, change, refusal):
+    rows = read_jsonl(RULER_ROWS)
+    rows[3] |= change  # line 4 of the file
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    with pytest.raises(ConfigError) as refused:
+        Ruler(path=str(data), tasks=["niah_single_1"]).load(tiny_tokenizer, limit=1)  # every row checked, not the kept
+    assert str(refused.value) == f"{data}:4: {refusal}; fix the row or drop it"
+
+
+def test_a_row_that_is_not_an_object_or_lacks_a_column_is_refused_naming_its_line(tmp_path, tiny_tokenizer):
+    lines = RULER_ROWS.read_text(encoding="utf-8").splitlines()
+    data = tmp_path / "data.jsonl"
+    data.write_text("\n".join([lines[0], "", '["a", "list"]', *lines[1:]]) + "\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as refused:
+        Ruler(path=str(data)).load(tiny_tokenizer)
+    assert str(refused.value) == f'{data}:3: the row is ["a", "list"], not a JSON object; fix the row or drop it'
+    row = read_jsonl(RULER_ROWS)[0]
+    del row["max_new_tokens"]
+    data.write_text("\n".join([*lines[:2], json.dumps(row)]) + "\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as refused:
+        Ruler(path=str(data)).load(tiny_tokenizer)
+    assert str(refused.value) == (
+        f"{data}:3: the row lacks the column(s) max_new_tokens (it has answer, answer_prefix, context, question, "
+        "task); fix the row or drop it"
+    )
+
+
+def test_rows_of_every_local_format_and_of_the_hub_are_checked_naming_their_row(tmp_path, monkeypatch):
+    rows = read_jsonl(RULER_ROWS)
+    rows[1]["answer"] = ""
+    refusal = (
+        "row 2: field 'answer' is \"\", not a non-empty list of strings (the reference answers a row is scored "
+        "against); fix the row or drop it"
+    )
+    (tmp_path / "rows.json").write_text(json.dumps(rows), encoding="utf-8")
+    # Arrow columns hold one type: there the empty reference is an empty list.
+    typed = [row | {"answer": []} if index == 1 else row for index, row in enumerate(rows)]
+    write_parquet(tmp_path / "rows.parquet", typed)
+    for source in (tmp_path / "rows.json", tmp_path / "rows.parquet"):
+        with pytest.raises(ConfigError) as refused:
+            sources.read_rows(source, ruler.SCHEMA)
+        assert str(refused.value).startswith(f"{source} row 2: field 'answer' is "), source
+    monkeypatch.setattr(datasets, "load_dataset", fake_hub({"4096": typed}, []))
+    with pytest.raises(ConfigError) as refused:
+        sources.hub_rows("org/data", "4096", "test", "layout", ruler.SCHEMA)
+    assert str(refused.value) == "org/data (data_dir 4096) test " + refusal.replace('""', "[]")
+
+
+def test_zero_scrolls_rows_have_no_references_and_are_read_all_the_same(tmp_path, tiny_tokenizer):
+    from evaluate.benchmarks.zero_scrolls import ZeroScrolls
+
+    rows = read_jsonl(FIXTURES / "zero_scrolls" / "test.jsonl")
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(row | {"answer": ""}) + "\n" for row in rows), encoding="utf-8")
+    samples = ZeroScrolls(path=str(data)).load(tiny_tokenizer)
+    assert len(samples) == len(rows) and all(sample.answers == [] for sample in samples)

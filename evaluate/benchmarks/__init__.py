@@ -7,6 +7,8 @@ A benchmark is a :class:`Benchmark` dataclass in its own module, instantiated fr
 - ``all_tasks``: every task of the full benchmark, which a run is measured against;
 - ``source``: the hub dataset (and data_dir) of the full benchmark; None for data generated locally (a benchmark
   with a source is a :class:`HubBenchmark`, and one whose run may keep some tasks a :class:`TaskedHubBenchmark`);
+- ``scored_on_references``: whether every row is scored against its reference answers (False where a benchmark
+  publishes none and scores no row, ZeroSCROLLS), so that rows without references are refused;
 - ``fraction_by_task``: whether ``fraction`` draws within each task's rows (one hub data_dir per task, as kvpress
   loads them) or from all rows at once;
 - ``load(tokenizer, limit) -> list[Sample]``: the samples to run, at most ``limit`` per task;
@@ -62,6 +64,7 @@ class Benchmark(ABC):
     all_tasks: ClassVar[tuple[str, ...]]
     source: ClassVar[Source | None] = None
     fraction_by_task: ClassVar[bool]
+    scored_on_references: ClassVar[bool] = True
 
     @abstractmethod
     def load(self, tokenizer, limit: int | None = None) -> list[Sample]: ...

@@ -109,6 +109,8 @@ class ZeroScrolls(TaskedHubBenchmark):
     fraction_by_task: ClassVar[bool] = False
     all_tasks: ClassVar[tuple[str, ...]] = TASKS
     source: ClassVar[Source] = HUB
+    # Its rows have no answers, and score_predictions scores none of them.
+    scored_on_references: ClassVar[bool] = False
 
     def load(self, tokenizer, limit: int | None = None) -> list[Sample]:
         """At most ``limit`` samples per task, in source order (the order kvpress's ``fraction`` draws in)."""

@@ -44,9 +44,25 @@ def not_generated(benchmark, rows: list[dict]) -> dict:
     }
 
 
-def score_rows(benchmark, rows: list[dict]) -> dict:
+def check_references(benchmark, rows: list[dict], where: str) -> None:
+    """Refuse a row with no reference answer (``answers`` empty) where the benchmark scores every row against its
+    references: its metric would divide by nothing or index an empty list, and no number would be true."""
+    if not benchmark.scored_on_references:
+        return
+    for number, row in enumerate(rows, start=1):
+        if not row.get("answers"):
+            raise ConfigError(
+                f"{where} row {number} (sample {row.get('id')}): no reference answer (answers "
+                f"{row.get('answers')!r}), and {benchmark.name} scores every row against its references; rerun on "
+                "data whose rows have answers"
+            )
+
+
+def score_rows(benchmark, rows: list[dict], where: str = "predictions") -> dict:
     """The benchmark's metrics (none under ``generate=false``, whose rows hold no prediction), plus how many samples
-    failed (they are scored as the wrong answers they are) and the likelihood fields' means."""
+    failed (they are scored as the wrong answers they are) and the likelihood fields' means. ``where`` names the
+    rows' file in a refusal (:func:`check_references`)."""
+    check_references(benchmark, rows, where)
     generated = all(row.get("prediction") is not None for row in rows)
     metrics = benchmark.score(rows) if generated else not_generated(benchmark, rows)
     failed = Counter(row["task"] for row in rows if row.get("error"))
@@ -65,7 +81,8 @@ def rescore_run(run_directory: Path) -> dict:
     if record is None:
         raise ConfigError(f"{run_directory} has no {rundir.CONFIG}; is it a run directory?")
     benchmark = instantiate(record["config"]["benchmark"])
-    metrics = score_rows(benchmark, rundir.read_predictions(run_directory / rundir.PREDICTIONS))
+    predictions = run_directory / rundir.PREDICTIONS
+    metrics = score_rows(benchmark, rundir.read_predictions(predictions), where=str(predictions))
     rundir.write_json(run_directory / rundir.METRICS, metrics)
     return metrics
 
@@ -79,7 +96,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.benchmark is not None:
             if not args.path.is_file():
                 raise ConfigError(f"{args.path} is not a file")
-            metrics = score_rows(benchmark_from_name(args.benchmark), rundir.read_predictions(args.path))
+            rows = rundir.read_predictions(args.path)
+            metrics = score_rows(benchmark_from_name(args.benchmark), rows, where=str(args.path))
             json.dump(metrics, sys.stdout, indent=2)
             print()
             return
