@@ -62,6 +62,7 @@ class SharedContextBenchmark:
 
     name: str = "shared_context"
     fraction_by_task: ClassVar[bool] = False
+    scored_on_references: ClassVar[bool] = True
     contexts: int = 3
     questions_per_context: int = 3
     max_new_tokens: int = 6
@@ -89,6 +90,15 @@ class SharedContextBenchmark:
 
     def reference_answer(self, sample: Sample) -> str:
         return sample.answers[0]
+
+
+@dataclass
+class UnscorableBenchmark(SharedContextBenchmark):
+    """``SharedContextBenchmark`` whose metric fails, as RULER's did on rows without references: the model run
+    completes, the scoring after it does not."""
+
+    def score(self, rows: list[dict]) -> dict:
+        raise ZeroDivisionError("division by zero")
 
 
 def with_shared_context(cfg):

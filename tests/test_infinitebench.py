@@ -397,11 +397,13 @@ def test_task_selection_limit_and_errors(tmp_path, tiny_tokenizer):
         InfiniteBench(path=str(HUB_ROWS), tasks=["passkeys"]).load(tiny_tokenizer)
     row = read_jsonl(HUB_ROWS / "passkey.jsonl")[0]
     (tmp_path / "passkey.jsonl").write_text(json.dumps(row | {"answer": "71432"}) + "\n", encoding="utf-8")
-    with pytest.raises(ConfigError, match="passkey: 'answer' must be a list of strings"):
+    with pytest.raises(
+        ConfigError, match=r"passkey.jsonl:1: field 'answer' is \"71432\", not a non-empty list of strings"
+    ):
         InfiniteBench(path=str(tmp_path), tasks=["passkey"]).load(tiny_tokenizer)
     del row["max_new_tokens"]
     (tmp_path / "passkey.jsonl").write_text(json.dumps(row) + "\n", encoding="utf-8")
-    with pytest.raises(ConfigError, match="InfiniteBench passkey: rows lack the column.*max_new_tokens"):
+    with pytest.raises(ConfigError, match="passkey.jsonl:1: the row lacks the column.s. max_new_tokens"):
         InfiniteBench(path=str(tmp_path), tasks=["passkey"]).load(tiny_tokenizer)
 
 

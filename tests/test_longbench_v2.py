@@ -163,7 +163,7 @@ def test_limit_task_selection_and_errors(tmp_path, tiny_tokenizer):
     row = read_jsonl(HUB_FILE)[0]
     del row["difficulty"]
     (tmp_path / "rows.jsonl").write_text(json.dumps(row) + "\n", encoding="utf-8")
-    with pytest.raises(ConfigError, match="rows lack the column.*difficulty"):
+    with pytest.raises(ConfigError, match="rows.jsonl:1: the row lacks the column.s. difficulty"):
         LongBenchV2(path=str(tmp_path / "rows.jsonl")).load(tiny_tokenizer)
 
 

@@ -252,7 +252,7 @@ def test_limit_task_selection_and_errors(tmp_path, tiny_tokenizer):
     row = read_jsonl(HUB_ROWS / "longdep_qa.jsonl")[0]
     del row["max_new_tokens"]
     (tmp_path / "longdep_qa.jsonl").write_text(json.dumps(row) + "\n", encoding="utf-8")
-    with pytest.raises(ConfigError, match="LooGLE longdep_qa: rows lack the column.*max_new_tokens"):
+    with pytest.raises(ConfigError, match="longdep_qa.jsonl:1: the row lacks the column.s. max_new_tokens"):
         Loogle(path=str(tmp_path), tasks=["longdep_qa"]).load(tiny_tokenizer)
 
 

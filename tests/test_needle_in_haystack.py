@@ -289,7 +289,7 @@ def test_missing_columns_are_refused(tmp_path, tiny_tokenizer):
     row = read_jsonl(HUB_ROWS)[0]
     del row["needle"]
     (tmp_path / "rows.jsonl").write_text(json.dumps(row) + "\n", encoding="utf-8")
-    with pytest.raises(ConfigError, match="needle_in_haystack: rows lack the column.*needle"):
+    with pytest.raises(ConfigError, match="rows.jsonl:1: the row lacks the column.s. needle"):
         NeedleInHaystack(path=str(tmp_path / "rows.jsonl"), context_length=600, depth=0).load(tiny_tokenizer)
 
 

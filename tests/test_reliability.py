@@ -512,3 +512,79 @@ def test_benchmark_data_that_cannot_be_generated_is_refused_in_one_line_leaving_
     assert result.stderr.strip().splitlines()[-1] == line
     assert "Traceback" not in result.stderr
     assert not out.exists()  # neither the run's folder with its lock nor the output_dir above it
+
+
+@pytest.mark.parametrize("generate", ["true", "false"])
+def test_rows_without_references_are_refused_at_load_in_one_line_leaving_no_folder(tmp_path, generate):
+    # Once, a generating run crashed with ZeroDivisionError after the whole model run, and generate=false measured
+    # nothing; the row is now refused before the model loads.
+    rows = [json.loads(line) for line in (REPO / "tests/fixtures/ruler_4096.jsonl").read_text().splitlines()]
+    rows[2]["answer"] = []
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    out = tmp_path / "runs"
+    result = evaluate_cli(
+        "model=tiny_random", "benchmark=ruler", f"benchmark.path={data}", f"generate={generate}", f"output_dir={out}"
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: {data}:3: field 'answer' is [], not a non-empty list of strings (the reference answers a row is "
+        "scored against); fix the row or drop it"
+    )
+    assert "Traceback" not in result.stderr
+    assert not out.exists()
+
+
+def test_a_scoring_failure_marks_the_run_failed_without_metrics_and_ends_in_one_line(tmp_path):
+    result = evaluate_cli(
+        "press=topk",
+        f"output_dir={tmp_path}",
+        *SHARED_CONTEXT_CLI[:-2],
+        "+benchmark._target_=tests.support.UnscorableBenchmark",
+        "+benchmark.name=shared_context",
+    )
+    (out,) = tmp_path.iterdir()
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: {out}: scoring failed: ZeroDivisionError: division by zero; its predictions are kept: fix the "
+        f"cause, then python -m evaluate.score {out}"
+    )
+    assert "Traceback" not in result.stderr
+    record = rundir.read_json(out / rundir.RUN)
+    assert (record["status"], record["error"]) == ("failed", "scoring failed: ZeroDivisionError: division by zero")
+    assert record["samples"] == record["samples_expected"] == 9
+    assert not (out / rundir.METRICS).exists()
+    assert len(rundir.read_predictions(out / rundir.PREDICTIONS)) == 9
+
+
+def test_a_rerun_whose_scoring_fails_drops_the_metrics_it_had(tmp_path, monkeypatch):
+    cfg = with_shared_context(compose_config(tmp_path, "press=topk", "scorer=snapkv", "cr=0.5"))
+    run(cfg)
+    out = run_dir(cfg)
+    assert rundir.read_json(out / rundir.RUN)["status"] == "complete" and (out / rundir.METRICS).exists()
+    monkeypatch.setattr(SharedContextBenchmark, "score", lambda self, rows: 1 / 0)
+    with pytest.raises(ConfigError, match=r"scoring failed: ZeroDivisionError: division by zero; its predictions"):
+        run(cfg)  # nothing left to answer: the rerun only scores
+    assert rundir.read_json(out / rundir.RUN)["status"] == "failed"
+    assert not (out / rundir.METRICS).exists()
+    monkeypatch.undo()
+    run(cfg)  # the cause fixed, the rerun closes it
+    assert rundir.read_json(out / rundir.RUN)["status"] == "complete" and (out / rundir.METRICS).exists()
+
+
+def test_rescoring_rows_without_references_is_refused_in_one_line(tmp_path, capsys):
+    from evaluate.score.rescore import main as score_main
+
+    predictions = tmp_path / "predictions.jsonl"
+    rows = [
+        {"id": "qa_1-0", "task": "qa_1", "answers": ["Paris"], "prediction": "Paris"},
+        {"id": "qa_1-1", "task": "qa_1", "answers": [], "prediction": "Rome"},
+    ]
+    predictions.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    with pytest.raises(SystemExit) as ended:
+        score_main(["--benchmark", "ruler", str(predictions)])
+    assert ended.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: {predictions} row 2 (sample qa_1-1): no reference answer (answers []), and ruler scores every row "
+        "against its references; rerun on data whose rows have answers"
+    ]

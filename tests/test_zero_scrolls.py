@@ -180,7 +180,7 @@ def test_limit_task_selection_and_errors(tmp_path, tiny_tokenizer):
     row = read_jsonl(HUB_FILE)[0]
     del row["id"]
     (tmp_path / "rows.jsonl").write_text(json.dumps(row) + "\n", encoding="utf-8")
-    with pytest.raises(ConfigError, match="rows lack the column.*id"):
+    with pytest.raises(ConfigError, match="rows.jsonl:1: the row lacks the column.s. id"):
         ZeroScrolls(path=str(tmp_path / "rows.jsonl")).load(tiny_tokenizer)
 
 

@@ -5,7 +5,10 @@ A benchmark is a :class:`Benchmark` dataclass in its own module, instantiated fr
 
 - ``name``: the benchmark name used in run directories and metrics.json;
 - ``all_tasks``: every task of the full benchmark, which a run is measured against;
-- ``source``: the hub dataset (and data_dir) of the full benchmark; None for data generated locally;
+- ``source``: the hub dataset (and data_dir) of the full benchmark; None for data generated locally (a benchmark
+  with a source is a :class:`HubBenchmark`, and one whose run may keep some tasks a :class:`TaskedHubBenchmark`);
+- ``scored_on_references``: whether every row is scored against its reference answers (False where a benchmark
+  publishes none and scores no row, ZeroSCROLLS), so that rows without references are refused;
 - ``fraction_by_task``: whether ``fraction`` draws within each task's rows (one hub data_dir per task, as kvpress
   loads them) or from all rows at once;
 - ``load(tokenizer, limit) -> list[Sample]``: the samples to run, at most ``limit`` per task;
@@ -54,37 +57,24 @@ class Source:
 class Benchmark(ABC):
     """A benchmark: its data, its metric and what a full run of it covers.
 
-    Subclasses are dataclasses that set ``all_tasks`` (and ``source`` when they read hub data, in which case they
-    also have ``dataset`` and ``path`` fields: the dataset a run reads, or local files instead).
+    Subclasses are dataclasses that set ``all_tasks``; those that read hub data derive from :class:`HubBenchmark`.
     """
 
     name: str
     all_tasks: ClassVar[tuple[str, ...]]
     source: ClassVar[Source | None] = None
     fraction_by_task: ClassVar[bool]
+    scored_on_references: ClassVar[bool] = True
 
     @abstractmethod
     def load(self, tokenizer, limit: int | None = None) -> list[Sample]: ...
-
-    def selected_tasks(self, label: str, kind: str = "task") -> list[str]:
-        """The tasks a benchmark with a ``tasks`` field runs (all when it is None), refusing any it does not have.
-
-        ``label`` names the benchmark and ``kind`` its tasks in the error (e.g. "LongBench v2", "length").
-        """
-        tasks = list(self.all_tasks) if self.tasks is None else list(self.tasks)
-        unknown = [task for task in tasks if task not in self.all_tasks]
-        if unknown:
-            raise ConfigError(
-                f"unknown {label} {kind}(s) {', '.join(unknown)}; choose from {', '.join(self.all_tasks)}"
-            )
-        return tasks
 
     @abstractmethod
     def score(self, rows: list[dict]) -> dict: ...
 
     def reference_answer(self, sample: Sample) -> str:
-        """The answer the likelihood fields teacher-force (evaluate/engine/teacher_forcing.py): the first reference, the one a
-        benchmark with several lists first (LongBench's and LooGLE's are alternatives); empty, and so no fields,
+        """The answer the likelihood fields teacher-force (evaluate/engine/teacher_forcing.py): the first reference, the
+        one a benchmark with several lists first (LongBench's and LooGLE's are alternatives); empty, and so no fields,
         where a benchmark publishes none (ZeroSCROLLS)."""
         return str(sample.answers[0]) if sample.answers else ""
 
@@ -114,13 +104,57 @@ class Benchmark(ABC):
         return [f"{len(self.all_tasks) - len(missing)} of {len(self.all_tasks)} tasks (missing {listed})"]
 
     def source_coverage(self) -> list[str]:
-        if self.source is None:
-            return []
+        """Why the run's data is not the full benchmark's (none for data generated locally)."""
+        return []
+
+
+@dataclass(kw_only=True)
+class HubBenchmark(Benchmark):
+    """A benchmark whose rows live in a hub dataset (``source``), or in local files with the same columns.
+
+    It declares the fields every such benchmark has, keyword-only so that a subclass's own fields keep their order:
+
+    - ``path``: a local source instead of the hub (see :mod:`evaluate.benchmarks.sources`);
+    - ``dataset``: the hub dataset a run reads; None (the YAMLs leave it out) is the full benchmark's,
+      ``source.dataset``, so that the hub id is written in one place, the benchmark's module;
+    - ``split``: the split a run reads.
+    """
+
+    source: ClassVar[Source]
+    path: str | None = None
+    dataset: str | None = None
+    split: str = "test"
+
+    def __post_init__(self) -> None:
+        if self.dataset is None:
+            self.dataset = self.source.dataset
+
+    def source_coverage(self) -> list[str]:
         if self.path:
             return [f"local data benchmark.path={self.path}, not the hub dataset {self.source.dataset}"]
         if self.dataset != self.source.dataset:
             return [f"dataset {self.dataset}, not the hub dataset {self.source.dataset}"]
         return []
+
+
+@dataclass(kw_only=True)
+class TaskedHubBenchmark(HubBenchmark):
+    """A hub benchmark whose run may keep some of its tasks: ``tasks`` (None: all of ``all_tasks``)."""
+
+    tasks: list[str] | None = None
+
+    def selected_tasks(self, label: str, kind: str = "task") -> list[str]:
+        """The tasks the run keeps, refusing any the benchmark does not have.
+
+        ``label`` names the benchmark and ``kind`` its tasks in the error (e.g. "LongBench v2", "length").
+        """
+        tasks = list(self.all_tasks) if self.tasks is None else list(self.tasks)
+        unknown = [task for task in tasks if task not in self.all_tasks]
+        if unknown:
+            raise ConfigError(
+                f"unknown {label} {kind}(s) {', '.join(unknown)}; choose from {', '.join(self.all_tasks)}"
+            )
+        return tasks
 
 
 def fraction_coverage(config: Mapping[str, Any]) -> list[str]:

@@ -20,7 +20,6 @@ class Aime25(BoxedAnswerBenchmark):
     """AIME 2025 (one task, ``aime25``), the last box counting; its fields: see :class:`BoxedAnswerBenchmark`."""
 
     name: str = "aime25"
-    dataset: str = HUB.dataset
     all_tasks: ClassVar[tuple[str, ...]] = ("aime25",)
     source: ClassVar[Source] = HUB
     last: ClassVar[bool] = True

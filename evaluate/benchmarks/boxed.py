@@ -24,11 +24,16 @@ accuracy x 100, rounded to 2 decimals (the scale of the other PressBench benchma
 from dataclasses import dataclass
 from typing import ClassVar
 
-from evaluate.benchmarks import Benchmark, Sample, Source
-from evaluate.benchmarks.sources import first_rows, kvpress_sample, require_columns, split_rows
+from evaluate.benchmarks import HubBenchmark, Sample, Source
+from evaluate.benchmarks.sources import Kind, Schema, first_rows, is_number, kvpress_sample, split_rows
 
 MARKER = "boxed{"
-COLUMNS = ("context", "question", "answer_prefix", "answer", "max_new_tokens")
+# ``answer`` is a number or a string, compared as ``str(answer)``; an empty one is no reference.
+ANSWER = Kind(
+    "a number or a non-empty string (the reference answer a row is scored against)",
+    lambda value: is_number(value) or (isinstance(value, str) and bool(value)),
+)
+SCHEMA = Schema(("context", "question", "answer_prefix", "answer", "max_new_tokens"), {"answer": ANSWER})
 
 
 def extract_boxed(text: str, last: bool = False) -> str | None:
@@ -78,11 +83,11 @@ def score_boxed(rows: list[dict], benchmark: str, last: bool, label: str) -> dic
 
 
 @dataclass
-class BoxedAnswerBenchmark(Benchmark):
+class BoxedAnswerBenchmark(HubBenchmark):
     """One hub dataset of problems (one task), scored on the first or last ``\\boxed{...}`` of the prediction.
 
-    Subclasses set the defaults of ``name`` and ``dataset`` (``source.dataset``), and ``source``, ``all_tasks`` (the
-    name) and ``last``: all that tells one such benchmark from another.
+    Subclasses set the default of ``name``, and ``source``, ``all_tasks`` (the name) and ``last``: all that tells
+    one such benchmark from another.
 
     Parameters
     ----------
@@ -96,9 +101,6 @@ class BoxedAnswerBenchmark(Benchmark):
     """
 
     name: str
-    dataset: str
-    path: str | None = None
-    split: str = "test"
     # kvpress loads the whole split (no data_dir), so ``fraction`` draws from all rows at once.
     fraction_by_task: ClassVar[bool] = False
     source: ClassVar[Source]
@@ -112,12 +114,11 @@ class BoxedAnswerBenchmark(Benchmark):
     def load(self, tokenizer, limit: int | None = None) -> list[Sample]:
         """At most ``limit`` samples, in source order; the answer as a string, as kvpress compares it."""
         layout = f"its {self.split} rows (a .jsonl/.parquet file, a saved dataset or a snapshot directory)"
-        rows = split_rows(self.dataset, None, self.split, self.path, layout)
-        return [self._sample(task, index, row) for task, index, row in first_rows({self.name: rows}, limit)]
-
-    def _sample(self, task: str, index: int, row: dict) -> Sample:
-        require_columns(row, COLUMNS, f"{self.name} {self.path or self.dataset}")
-        return kvpress_sample(task, index, row, [str(row["answer"])])
+        rows = split_rows(self.dataset, None, self.split, self.path, layout, SCHEMA)
+        return [
+            kvpress_sample(task, index, row, [str(row["answer"])])
+            for task, index, row in first_rows({self.name: rows}, limit)
+        ]
 
     def score(self, rows: list[dict]) -> dict:
         return score_boxed(rows, self.name, self.last, self.score_label)

@@ -73,10 +73,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import ClassVar
 
-from evaluate.benchmarks import Benchmark, Sample, Source
+from evaluate.benchmarks import Sample, Source, TaskedHubBenchmark
 from evaluate.benchmarks.longbench import qa_f1_score
-from evaluate.benchmarks.sources import first_rows, kvpress_sample, require_columns, rows_by_task
-from evaluate.spec.config import ConfigError
+from evaluate.benchmarks.sources import Schema, first_rows, kvpress_sample, rows_by_task
+from evaluate.errors import ConfigError
 
 TASKS: tuple[str, ...] = (
     "passkey",
@@ -92,7 +92,8 @@ TASKS: tuple[str, ...] = (
     "longbook_qa_chn",
 )
 UNSCORED_TASK = "longbook_sum_eng"
-COLUMNS = ("context", "question", "answer_prefix", "answer", "max_new_tokens")
+# ``answer`` is a list of strings (kvpress's hub schema), a one-label task's too.
+SCHEMA = Schema(("context", "question", "answer_prefix", "answer", "max_new_tokens"))
 HEADLINE_LABEL = "mean task score ×100 over the InfiniteBench tasks present"
 HUB = Source(dataset="MaxJeblick/InfiniteBench")
 SCORINGS = ("kvpress", "infinitebench")
@@ -391,7 +392,7 @@ def score_predictions(rows: Iterable[dict], benchmark: str = "infinitebench", sc
 
 
 @dataclass
-class InfiniteBench(Benchmark):
+class InfiniteBench(TaskedHubBenchmark):
     """InfiniteBench's 11 tasks that kvpress scores, from kvpress's hub dataset (one data_dir per task).
 
     Parameters
@@ -415,12 +416,8 @@ class InfiniteBench(Benchmark):
     # kvpress loads one data_dir per task, so ``fraction`` draws within each task's rows.
     fraction_by_task: ClassVar[bool] = True
     scoring: str = "kvpress"
-    tasks: list[str] | None = None
-    path: str | None = None
     all_tasks: ClassVar[tuple[str, ...]] = TASKS
     source: ClassVar[Source] = HUB
-    dataset: str = HUB.dataset
-    split: str = "test"
 
     def _check_scoring(self) -> None:
         if self.scoring not in SCORINGS:
@@ -435,17 +432,11 @@ class InfiniteBench(Benchmark):
                 "benchmark.tasks"
             )
         layout = "one {task}.jsonl or {task}.parquet file, or {task}/ folder, per InfiniteBench task"
-        sources = rows_by_task(self.dataset, self.selected_tasks("InfiniteBench"), self.split, self.path, layout)
-        return [self._sample(task, index, row) for task, index, row in first_rows(sources, limit)]
-
-    def _sample(self, task: str, index: int, row: dict) -> Sample:
-        require_columns(row, COLUMNS, f"InfiniteBench {task}")
-        if isinstance(row["answer"], str):
-            raise ConfigError(
-                f"InfiniteBench {task}: 'answer' must be a list of strings (kvpress's hub schema), "
-                f"not the string {row['answer'][:40]!r}"
-            )
-        return kvpress_sample(task, index, row, [str(answer) for answer in row["answer"]])
+        tasks = self.selected_tasks("InfiniteBench")
+        sources = rows_by_task(self.dataset, tasks, self.split, self.path, layout, SCHEMA)
+        return [
+            kvpress_sample(task, index, row, list(row["answer"])) for task, index, row in first_rows(sources, limit)
+        ]
 
     def score(self, rows: list[dict]) -> dict:
         self._check_scoring()

@@ -41,9 +41,9 @@ from difflib import SequenceMatcher
 from functools import cache
 from typing import ClassVar
 
-from evaluate.benchmarks import Benchmark, Sample, Source
-from evaluate.benchmarks.sources import first_rows, require_columns, rows_by_task
-from evaluate.spec.config import ConfigError
+from evaluate.benchmarks import Sample, Source, TaskedHubBenchmark
+from evaluate.benchmarks.sources import Schema, first_rows, rows_by_task
+from evaluate.errors import ConfigError
 
 CATEGORIES: dict[str, tuple[str, ...]] = {
     "Single-Document QA": ("narrativeqa", "qasper", "multifieldqa_en"),
@@ -98,6 +98,8 @@ DEFAULT_MAX_LENGTH = 31500
 
 KVPRESS_COLUMNS = ("context", "question", "answer_prefix", "answers")
 ORIGINAL_COLUMNS = ("context", "input", "answers")
+# A row has kvpress's columns, or else LongBench's original ones.
+SCHEMA = Schema(KVPRESS_COLUMNS, alternative=ORIGINAL_COLUMNS)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -327,7 +329,7 @@ def score_predictions(rows: Iterable[dict], protocol: str = "kvpress", benchmark
 
 
 @dataclass
-class LongBench(Benchmark):
+class LongBench(TaskedHubBenchmark):
     """LongBench v1's 16 English and code tasks, from the kvpress hub dataset or local files.
 
     Parameters
@@ -355,12 +357,8 @@ class LongBench(Benchmark):
     fraction_by_task: ClassVar[bool] = True
     protocol: str = "kvpress"
     max_length: int | None = DEFAULT_MAX_LENGTH
-    tasks: list[str] | None = None
-    path: str | None = None
     all_tasks: ClassVar[tuple[str, ...]] = TASKS
     source: ClassVar[Source] = HUB
-    dataset: str = HUB.dataset
-    split: str = "test"
 
     def _check(self) -> list[str]:
         if self.protocol not in PROTOCOLS:
@@ -373,12 +371,11 @@ class LongBench(Benchmark):
         """At most ``limit`` samples per task, in source order, task after task."""
         tasks = self._check()
         layout = "one {task}.jsonl or {task}.parquet file, or {task}/ folder, per LongBench task"
-        sources = rows_by_task(self.dataset, tasks, self.split, self.path, layout)
+        sources = rows_by_task(self.dataset, tasks, self.split, self.path, layout, SCHEMA)
         return [self._sample(task, index, row, tokenizer) for task, index, row in first_rows(sources, limit)]
 
     def _sample(self, task: str, index: int, row: dict, tokenizer) -> Sample:
-        original = "answer_prefix" not in row
-        require_columns(row, ORIGINAL_COLUMNS if original else KVPRESS_COLUMNS, f"LongBench {task}")
+        original = SCHEMA.columns_of(row) == ORIGINAL_COLUMNS
         extra = {"all_classes": row.get("all_classes")}
         if self.protocol == "kvpress":
             if original:

@@ -27,9 +27,9 @@ from typing import ClassVar
 
 import numpy as np
 
-from evaluate.benchmarks import Benchmark, Sample, Source
+from evaluate.benchmarks import Sample, Source, TaskedHubBenchmark
 from evaluate.benchmarks.longbench import KVPRESS_COLUMNS, METRICS, best_score, clean_prediction
-from evaluate.benchmarks.sources import first_rows, kvpress_sample, require_columns, rows_by_task
+from evaluate.benchmarks.sources import POSITIVE_INT, Schema, first_rows, kvpress_sample, rows_by_task
 
 # kvpress's LongBench-E tasks, in the order of its create_huggingface_dataset.py; each is the data_dir {task}_e.
 LONGBENCH_TASKS: tuple[str, ...] = (
@@ -51,7 +51,8 @@ SUFFIX = "_e"
 TASKS: tuple[str, ...] = tuple(task + SUFFIX for task in LONGBENCH_TASKS)
 # (bucket, exclusive upper bound of the row's length; None: unbounded), as scorer_e splits them.
 LENGTH_BUCKETS: tuple[tuple[str, int | None], ...] = (("0-4k", 4000), ("4-8k", 8000), ("8k+", None))
-COLUMNS = (*KVPRESS_COLUMNS, "length", "max_new_tokens")
+# ``length``: the context's words, which pick the row's length bucket.
+SCHEMA = Schema((*KVPRESS_COLUMNS, "length", "max_new_tokens"), {"length": POSITIVE_INT})
 HUB = Source(dataset="Xnhyacinth/LongBench")
 
 
@@ -114,7 +115,7 @@ def score_predictions(rows: Iterable[dict], benchmark: str = "longbench_e") -> d
 
 
 @dataclass
-class LongBenchE(Benchmark):
+class LongBenchE(TaskedHubBenchmark):
     """LongBench-E's 13 tasks from the kvpress hub dataset (data_dir ``{task}_e``) or local files.
 
     Parameters
@@ -133,21 +134,16 @@ class LongBenchE(Benchmark):
     name: str = "longbench_e"
     # kvpress loads one data_dir per task, so ``fraction`` draws within each task's rows.
     fraction_by_task: ClassVar[bool] = True
-    tasks: list[str] | None = None
-    path: str | None = None
     all_tasks: ClassVar[tuple[str, ...]] = TASKS
     source: ClassVar[Source] = HUB
-    dataset: str = HUB.dataset
-    split: str = "test"
 
     def load(self, tokenizer, limit: int | None = None) -> list[Sample]:
         """At most ``limit`` samples per task, in source order, task after task."""
         layout = "one {task}_e.jsonl or {task}_e.parquet file, or {task}_e/ folder, per LongBench-E task"
-        sources = rows_by_task(self.dataset, self.selected_tasks("LongBench-E"), self.split, self.path, layout)
+        sources = rows_by_task(self.dataset, self.selected_tasks("LongBench-E"), self.split, self.path, layout, SCHEMA)
         return [self._sample(task, index, row) for task, index, row in first_rows(sources, limit)]
 
     def _sample(self, task: str, index: int, row: dict) -> Sample:
-        require_columns(row, COLUMNS, f"LongBench-E {task}")
         extra = {"all_classes": row.get("all_classes"), "length": int(row["length"])}
         return kvpress_sample(task, index, row, list(row["answers"]), extra)
 

@@ -25,19 +25,23 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import ClassVar
 
-from evaluate.benchmarks import Benchmark, Sample, Source
+from evaluate.benchmarks import Sample, Source, TaskedHubBenchmark
 from evaluate.benchmarks.sources import (
+    REFERENCE,
+    Schema,
     data_dir_layout,
     first_rows_per_task,
     kvpress_sample,
-    require_columns,
     split_rows,
 )
-from evaluate.spec.config import ConfigError
+from evaluate.errors import ConfigError
 
 TASKS: tuple[str, ...] = ("short", "medium", "long")
 DIFFICULTIES: tuple[str, ...] = ("easy", "hard")
-COLUMNS = ("context", "question", "answer_prefix", "answer", "max_new_tokens", "difficulty", "length")
+# ``answer`` is the letter of the right choice; ``length`` the row's length group (its task).
+SCHEMA = Schema(
+    ("context", "question", "answer_prefix", "answer", "max_new_tokens", "difficulty", "length"), {"answer": REFERENCE}
+)
 HUB = Source(dataset="simonjegou/LongBench-v2", data_dir="0shot")
 
 
@@ -87,7 +91,7 @@ def score_predictions(rows: Iterable[dict], benchmark: str = "longbench_v2") -> 
 
 
 @dataclass
-class LongBenchV2(Benchmark):
+class LongBenchV2(TaskedHubBenchmark):
     """LongBench v2 from the kvpress hub dataset (data_dir ``0shot``) or local files; tasks are the length groups.
 
     Parameters
@@ -108,24 +112,20 @@ class LongBenchV2(Benchmark):
     fraction_by_task: ClassVar[bool] = False
     all_tasks: ClassVar[tuple[str, ...]] = TASKS
     source: ClassVar[Source] = HUB
-    dataset: str = HUB.dataset
     data_dir: str = HUB.data_dir
-    split: str = "test"
-    tasks: list[str] | None = None
-    path: str | None = None
 
     def load(self, tokenizer, limit: int | None = None) -> list[Sample]:
         """At most ``limit`` samples per length group, in source order (the order kvpress's ``fraction`` draws in)."""
         self.selected_tasks("LongBench v2", kind="length")
-        rows = split_rows(self.dataset, self.data_dir, self.split, self.path, data_dir_layout(self.data_dir))
+        layout = data_dir_layout(self.data_dir)
+        rows = split_rows(self.dataset, self.data_dir, self.split, self.path, layout, SCHEMA)
         return [
             kvpress_sample(task, index, row, [row["answer"]], {"difficulty": row["difficulty"]})
             for task, index, row in first_rows_per_task(rows, self._length, self.tasks, limit)
         ]
 
     def _length(self, row: dict) -> str:
-        """The row's task, its length group; the row checked first."""
-        require_columns(row, COLUMNS, f"LongBench v2 {self.path or self.dataset}")
+        """The row's task, its length group, which must be one of TASKS."""
         if row["length"] not in TASKS:
             raise ConfigError(f"LongBench v2 row with length {row['length']!r}; the lengths are {', '.join(TASKS)}")
         return row["length"]

@@ -36,15 +36,16 @@ from dataclasses import dataclass
 from functools import cache
 from typing import ClassVar
 
-from evaluate.benchmarks import Benchmark, Sample, Source
-from evaluate.benchmarks.sources import first_rows, kvpress_sample, require_columns, rows_by_task
-from evaluate.spec.config import ConfigError
+from evaluate.benchmarks import Sample, Source, TaskedHubBenchmark
+from evaluate.benchmarks.sources import REFERENCE, Schema, first_rows, kvpress_sample, rows_by_task
+from evaluate.errors import ConfigError
 
 TEXT_TASKS: tuple[str, ...] = ("shortdep_qa", "longdep_qa", "longdep_summarization")
 CLOZE_TASK = "shortdep_cloze"
 TASKS: tuple[str, ...] = (*TEXT_TASKS, CLOZE_TASK)
 
-COLUMNS = ("context", "question", "answer_prefix", "answer", "max_new_tokens")
+# ``answer`` is one gold string (a cloze task's is a mask -> entity dict written as text).
+SCHEMA = Schema(("context", "question", "answer_prefix", "answer", "max_new_tokens"), {"answer": REFERENCE})
 HEADLINE_LABEL = "ROUGE-L recall ×100, mean over the text tasks"
 HUB = Source(dataset="simonjegou/loogle")
 
@@ -193,7 +194,7 @@ def score_predictions(rows: Iterable[dict], benchmark: str = "loogle", bertscore
 
 
 @dataclass
-class Loogle(Benchmark):
+class Loogle(TaskedHubBenchmark):
     """LooGLE's four kvpress tasks: shortdep_qa, longdep_qa, longdep_summarization and shortdep_cloze.
 
     Parameters
@@ -214,13 +215,9 @@ class Loogle(Benchmark):
     name: str = "loogle"
     # kvpress loads one data_dir per task, so ``fraction`` draws within each task's rows.
     fraction_by_task: ClassVar[bool] = True
-    tasks: list[str] | None = None
-    path: str | None = None
     bertscore: bool = False
     all_tasks: ClassVar[tuple[str, ...]] = TASKS
     source: ClassVar[Source] = HUB
-    dataset: str = HUB.dataset
-    split: str = "test"
 
     def load(self, tokenizer, limit: int | None = None) -> list[Sample]:
         """At most ``limit`` samples per task, in source order, task after task."""
@@ -231,12 +228,8 @@ class Loogle(Benchmark):
             except ImportError as error:
                 raise ConfigError("bertscore=true needs the bert-score package: pip install bert-score") from error
         layout = "one {task}.jsonl or {task}.parquet file, or {task}/ folder, per LooGLE task"
-        sources = rows_by_task(self.dataset, tasks, self.split, self.path, layout)
-        return [self._sample(task, index, row) for task, index, row in first_rows(sources, limit)]
-
-    def _sample(self, task: str, index: int, row: dict) -> Sample:
-        require_columns(row, COLUMNS, f"LooGLE {task}")
-        return kvpress_sample(task, index, row, [row["answer"]])
+        sources = rows_by_task(self.dataset, tasks, self.split, self.path, layout, SCHEMA)
+        return [kvpress_sample(task, index, row, [row["answer"]]) for task, index, row in first_rows(sources, limit)]
 
     def score(self, rows: list[dict]) -> dict:
         return score_predictions(rows, benchmark=self.name, bertscore=self.bertscore)

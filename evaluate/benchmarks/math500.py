@@ -20,7 +20,6 @@ class Math500(BoxedAnswerBenchmark):
     """MATH-500 (one task, ``math500``), the first box counting; its fields: see :class:`BoxedAnswerBenchmark`."""
 
     name: str = "math500"
-    dataset: str = HUB.dataset
     all_tasks: ClassVar[tuple[str, ...]] = ("math500",)
     source: ClassVar[Source] = HUB
     last: ClassVar[bool] = False

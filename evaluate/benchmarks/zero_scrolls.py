@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import ClassVar
 
 from evaluate import rundir
-from evaluate.benchmarks import Benchmark, Sample, Source
-from evaluate.benchmarks.sources import first_rows_per_task, kvpress_sample, require_columns, split_rows
+from evaluate.benchmarks import Sample, Source, TaskedHubBenchmark
+from evaluate.benchmarks.sources import TEXT, Schema, first_rows_per_task, kvpress_sample, split_rows
 from evaluate.errors import ConfigError, refuse
 
 # kvpress's tasks, in the order of its create_huggingface_dataset.py.
@@ -42,7 +42,8 @@ TASKS: tuple[str, ...] = (
     "space_digest",
     "book_sum_sort",
 )
-COLUMNS = ("context", "question", "answer_prefix", "task", "max_new_tokens", "id")
+# No ``answer``: the test answers are not public, so rows are read without references and scored as none (below).
+SCHEMA = Schema(("context", "question", "answer_prefix", "task", "max_new_tokens", "id"), {"id": TEXT})
 HUB = Source(dataset="simonjegou/zero_scrolls")
 SUBMISSION_URL = "https://www.zero.scrolls-benchmark.com/"
 SCORE_LABEL = "not scored: ZeroSCROLLS test answers are not public"
@@ -87,7 +88,7 @@ def submission_csv(rows: Iterable[dict]) -> str:
 
 
 @dataclass
-class ZeroScrolls(Benchmark):
+class ZeroScrolls(TaskedHubBenchmark):
     """ZeroSCROLLS's ten tasks from the kvpress hub dataset or local files; predictions only, no score.
 
     Parameters
@@ -108,25 +109,19 @@ class ZeroScrolls(Benchmark):
     fraction_by_task: ClassVar[bool] = False
     all_tasks: ClassVar[tuple[str, ...]] = TASKS
     source: ClassVar[Source] = HUB
-    dataset: str = HUB.dataset
-    split: str = "test"
-    tasks: list[str] | None = None
-    path: str | None = None
+    # Its rows have no answers, and score_predictions scores none of them.
+    scored_on_references: ClassVar[bool] = False
 
     def load(self, tokenizer, limit: int | None = None) -> list[Sample]:
         """At most ``limit`` samples per task, in source order (the order kvpress's ``fraction`` draws in)."""
         self.selected_tasks("ZeroSCROLLS")
         layout = "the rows of every task (a .jsonl/.parquet file or folder)"
-        rows = split_rows(self.dataset, None, self.split, self.path, layout)
+        rows = split_rows(self.dataset, None, self.split, self.path, layout, SCHEMA)
         # No tasks selected keeps every row, of a task outside TASKS too, as kvpress runs the whole split.
         return [
             kvpress_sample(task, index, row, [], {"zero_scrolls_id": row["id"]})  # answers: not public
-            for task, index, row in first_rows_per_task(rows, self._task, self.tasks, limit)
+            for task, index, row in first_rows_per_task(rows, lambda row: row["task"], self.tasks, limit)
         ]
-
-    def _task(self, row: dict) -> str:
-        require_columns(row, COLUMNS, f"ZeroSCROLLS {self.path or self.dataset}")
-        return row["task"]
 
     def score(self, rows: list[dict]) -> dict:
         return score_predictions(rows, benchmark=self.name)

@@ -4,8 +4,8 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from evaluate.score.likelihood import FIELDS as LIKELIHOOD_FIELDS
 from evaluate.report.runs import COST_COLUMNS, NO_PRESS, RunResult
+from evaluate.score.likelihood import FIELDS as LIKELIHOOD_FIELDS
 
 _RUN_ATTRIBUTES = "benchmark model model_id method variant query_aware score interval_note partial_reasons".split()
 _INTERVAL = {"ci_low": "low", "ci_high": "high", "contexts": "contexts"}  # frame column: Interval attribute

@@ -7,9 +7,9 @@ from typing import Any
 
 import pandas as pd
 
-from evaluate.score.likelihood import FIELDS as LIKELIHOOD_FIELDS
 from evaluate.report.frame import run_level
 from evaluate.report.runs import COST_COLUMNS, NO_PRESS, flatten
+from evaluate.score.likelihood import FIELDS as LIKELIHOOD_FIELDS
 
 # Frame columns that the CSV files name otherwise.
 _CSV_NAMES = {"cr": "compression_ratio", "task_score": "score", "task_n": "n"}

@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 from evaluate import rundir
 from evaluate.engine.cost import Cost
 from evaluate.engine.requests import AnsweredGroup
+from evaluate.errors import ConfigError
 from evaluate.run.tracking import Tracker
 from evaluate.score.rescore import score_rows
 from evaluate.score.tables import format_task_table
@@ -206,7 +207,19 @@ class Recorder:
         if in_order != rows:
             rundir.rewrite_predictions(self.predictions, in_order)
             rows = in_order
-        metrics = score_rows(plan.benchmark, rows)
+        try:
+            metrics = score_rows(plan.benchmark, rows, where=str(self.predictions))
+        except Exception as error:
+            # A run never stays "complete" without its metrics: run.json says that scoring failed and why.
+            failure = f"scoring failed: {type(error).__name__}: {' '.join(str(error).split())}"
+            (plan.out / rundir.METRICS).unlink(missing_ok=True)
+            recorded = rundir.read_json(plan.out / rundir.RUN) or {}
+            rundir.write_json(plan.out / rundir.RUN, {**recorded, "status": "failed", "error": failure})
+            self.tracker.finish(exit_code=1)
+            raise ConfigError(
+                f"{plan.out}: {failure}; its predictions are kept: fix the cause, then python -m evaluate.score "
+                f"{plan.out}"
+            ) from error
         rundir.write_json(plan.out / rundir.METRICS, metrics)
         print(format_task_table(metrics, title=plan.out.name))
         print(f"results in {plan.out}")

@@ -45,9 +45,25 @@ def not_generated(benchmark, rows: list[dict]) -> dict:
     }
 
 
-def score_rows(benchmark, rows: list[dict]) -> dict:
+def check_references(benchmark, rows: list[dict], where: str) -> None:
+    """Refuse a row with no reference answer (``answers`` empty) where the benchmark scores every row against its
+    references: its metric would divide by nothing or index an empty list, and no number would be true."""
+    if not benchmark.scored_on_references:
+        return
+    for number, row in enumerate(rows, start=1):
+        if not row.get("answers"):
+            raise ConfigError(
+                f"{where} row {number} (sample {row.get('id')}): no reference answer (answers "
+                f"{row.get('answers')!r}), and {benchmark.name} scores every row against its references; rerun on "
+                "data whose rows have answers"
+            )
+
+
+def score_rows(benchmark, rows: list[dict], where: str = "predictions") -> dict:
     """The benchmark's metrics (none under ``generate=false``, whose rows hold no prediction), plus how many samples
-    failed (they are scored as the wrong answers they are) and the likelihood fields' means."""
+    failed (they are scored as the wrong answers they are) and the likelihood fields' means. ``where`` names the
+    rows' file in a refusal (:func:`check_references`)."""
+    check_references(benchmark, rows, where)
     generated = all(row.get("prediction") is not None for row in rows)
     metrics = benchmark.score(rows) if generated else not_generated(benchmark, rows)
     failed = Counter(row["task"] for row in rows if row.get("error"))
@@ -77,7 +93,7 @@ def rescore_run(run_directory: Path) -> dict:
         raise ConfigError(f"{config_file}: cannot rebuild its benchmark ({' '.join(str(error).split())})") from None
     predictions = run_directory / rundir.PREDICTIONS
     try:
-        metrics = score_rows(benchmark, rundir.read_predictions(predictions))
+        metrics = score_rows(benchmark, rundir.read_predictions(predictions), where=str(predictions))
     except (KeyError, TypeError, AttributeError) as error:  # rows of JSON objects without the fields it scores
         raise ConfigError(f"{predictions}: rows the benchmark cannot score ({error!r})") from None
     rundir.write_json(run_directory / rundir.METRICS, metrics)
@@ -118,7 +134,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if len(args.paths) != 1 or not args.paths[0].is_file():
             raise ConfigError(f"--benchmark scores one predictions file; {' '.join(map(str, args.paths))} is not one")
-        metrics = score_rows(benchmark_from_name(args.benchmark), rundir.read_predictions(args.paths[0]))
+        rows = rundir.read_predictions(args.paths[0])
+        metrics = score_rows(benchmark_from_name(args.benchmark), rows, where=str(args.paths[0]))
     except ConfigError as error:
         refuse(error)
     json.dump(metrics, sys.stdout, indent=2)
