@@ -511,8 +511,8 @@ def ids_tokenizer(tokenizer):
 
 
 def check_batched_decoding(device: str, dtype: str, smoke: bool) -> tuple[str, str]:
-    """evaluate/engine/scheduler.py's pool against kvpress's pipeline one question at a time (tests/test_decoding.py's rows:
-    caches of five presses, uneven ChunkKV layers, AdaKV masks, three question lengths and budgets)."""
+    """evaluate/engine/scheduler.py's pool against kvpress's pipeline one question at a time (tests/test_decoding.py's
+    rows: caches of five presses, uneven ChunkKV layers, AdaKV masks, three question lengths and budgets)."""
     from evaluate.engine.pipeline import make_pipeline
     from evaluate.engine.scheduler import decode_all
     from evaluate.models.layer_masks import fit_masks_to_layers

@@ -34,8 +34,8 @@ LIVELY_MODEL = TinyRandomModel(weight_scale=3.0)
 
 # Entries whose layers keep different numbers of pairs: kvpress's pipeline decodes them only under flash attention
 # (bottom-right causal alignment); under sdpa the question's mask fits no layer but the longest. PressBench fits the
-# mask to each layer (evaluate/models/layer_masks.py, proven equal to token-by-token decoding in tests/test_layer_masks.py),
-# so their reference is kvpress's pipeline with that hook.
+# mask to each layer (evaluate/models/layer_masks.py, proven equal to token-by-token decoding in
+# tests/test_layer_masks.py), so their reference is kvpress's pipeline with that hook.
 UNEVEN_LAYERS = frozenset({"pyramidkv", "kvcompose"})
 
 

@@ -1,4 +1,5 @@
-"""The likelihood fields (evaluate/engine/teacher_forcing.py): each proven against a computation made here, independently."""
+"""The likelihood fields (evaluate/engine/teacher_forcing.py): each proven against a computation made here,
+independently."""
 
 import logging
 

@@ -16,8 +16,8 @@ pass leaves the cache as it found it, as kvpress's pipeline does after each answ
 Where they come from: the uncompressed distributions once per context and question, on the context's
 uncompressed cache (in a sweep that cache is the shared prefill; on kvpress's pipeline path it costs one more
 prefill per context, :func:`reference_log_probs`); the compressed ones once per point, on the cache its press left.
-Both are teacher-forced rows of the decoding pool's machinery (evaluate/engine/scheduler.py), one forward pass each, with
-AdaKV's masks carried as in greedy decoding (:func:`teacher_forced` says why one row at a time).
+Both are teacher-forced rows of the decoding pool's machinery (evaluate/engine/scheduler.py), one forward pass
+each, with AdaKV's masks carried as in greedy decoding (:func:`teacher_forced` says why one row at a time).
 Presses that compress while decoding (DecodingPress) have no fixed cache to teacher-force, and get no fields
 (``press_traits.why_not_teacher_forced``). ``likelihood=false`` leaves them out; ``generate=false`` computes them
 alone, without greedy decoding (the rows' ``prediction`` is null and the run has no accuracy score).

@@ -214,8 +214,8 @@ def fmt_likelihood(value: float | None, low: float | None = None, high: float | 
 
 
 def likelihood_tables(frame: pd.DataFrame) -> list[Table]:
-    """The likelihood fields of every run that has them (evaluate/engine/teacher_forcing.py): ``likelihood``, each field's
-    headline (the unweighted mean of its task means) with its bootstrap 95% interval, a row per run; and
+    """The likelihood fields of every run that has them (evaluate/engine/teacher_forcing.py): ``likelihood``, each
+    field's headline (the unweighted mean of its task means) with its bootstrap 95% interval, a row per run; and
     ``likelihood_tasks``, the task means, a row per run x task. None of them without such runs."""
     runs = run_level(frame).dropna(subset=["answer_kl"])
     if runs.empty:

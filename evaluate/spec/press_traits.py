@@ -129,7 +129,8 @@ def prepare_model(press: BasePress | None, model, tokenizer, seed: int) -> None:
 
 
 def why_not_teacher_forced(press: BasePress | None) -> str | None:
-    """Why the likelihood fields cannot be computed under ``press`` (evaluate/engine/teacher_forcing.py); None when they can."""
+    """Why the likelihood fields cannot be computed under ``press`` (evaluate/engine/teacher_forcing.py); None when
+    they can."""
     if decodes_per_sample(press):
         return "it compresses while decoding, so there is no fixed cache to teacher-force the answer on"
     return None
