@@ -2,6 +2,8 @@
 functions and under ``if TYPE_CHECKING:``, since each is a dependency all the same."""
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -68,8 +70,36 @@ def test_no_import_cycle_in_evaluate_presses_and_scorers():
 
 def test_nothing_imports_the_command_lines_and_results_never_import_their_consumers():
     graph = import_graph()
-    entry_points = {"evaluate.report", "evaluate.report.leaderboard", "evaluate.__main__"}
-    assert not {module for module, targets in graph.items() if targets & entry_points}
+    entry_points = {"evaluate.report.cli", "evaluate.report.leaderboard", "evaluate.__main__", "evaluate.run.repair"}
+    assert entry_points <= set(graph)
+    launchers = {"evaluate.report.__main__", "evaluate.score.__main__"}  # python -m evaluate.report, evaluate.score
+    assert not {module for module, targets in graph.items() if targets & entry_points and module not in launchers}
     consumers = {*entry_points, "evaluate.report.plots", "evaluate.run.tracking"}
-    results = {module: targets for module, targets in graph.items() if module.startswith("evaluate.results")}
-    assert all(not targets & consumers for targets in results.values())
+    readers = {module: targets for module, targets in graph.items() if module.startswith("evaluate.report.runs")}
+    assert readers and all(not targets & consumers for targets in readers.values())
+
+
+# Data flows one way: spec -> models -> engine -> run, and the readers (score, report) beside the run.
+LAYERS = ("evaluate.spec", "evaluate.models", "evaluate.engine", "evaluate.run")
+
+
+def in_stage(module: str, *stages: str) -> bool:
+    return any(module == stage or module.startswith(stage + ".") for stage in stages)
+
+
+def test_each_stage_imports_only_the_stages_before_it():
+    graph = import_graph()
+    for rank, layer in enumerate(LAYERS):
+        for module, targets in graph.items():
+            if in_stage(module, layer):
+                assert not {t for t in targets if in_stage(t, *LAYERS[rank + 1 :])}, module
+    engine = {module: targets for module, targets in graph.items() if in_stage(module, "evaluate.engine")}
+    assert engine and not {t for targets in engine.values() for t in targets if in_stage(t, "evaluate.score")}
+
+
+def test_the_readers_load_neither_torch_nor_kvpress():
+    readers = "evaluate.report.cli, evaluate.report.leaderboard, evaluate.report.plots, evaluate.score.rescore"
+    code = f"import sys, {readers}; print(sorted({{'torch', 'kvpress'}} & set(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

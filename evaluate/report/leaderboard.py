@@ -26,7 +26,7 @@ import pandas as pd
 import yaml
 from hydra.utils import instantiate
 
-from evaluate import registry, rundir
+from evaluate import rundir
 from evaluate.benchmarks import failure_coverage, fraction_coverage
 from evaluate.benchmarks.ruler import Ruler
 from evaluate.report.runs import DEFAULT_RUNS, ReportError, RunResult, collect_runs
@@ -92,6 +92,10 @@ def leaderboard_method(run: RunResult) -> str:
     (evaluate/registry.py), so a name maps to itself, except a ``_variant`` (named after an entry it is not) and a
     registry name whose recorded press is not that entry (runs recorded before names followed the registry).
     """
+    # Only kvpress can build its entries to compare with what a run recorded: imported here, so that reading a
+    # results tree (and importing this module) needs neither kvpress nor torch.
+    from evaluate import registry
+
     method = run.method
     if registry.is_variant(method):
         raise Unmappable(f"{method} is not kvpress's {method.removesuffix(registry.VARIANT_SUFFIX)} entry")

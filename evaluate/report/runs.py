@@ -17,7 +17,7 @@ from evaluate import rundir
 from evaluate.benchmarks import Benchmark
 from evaluate.score.bootstrap import Interval, NoInterval, headline_interval, mean_interval
 from evaluate.score.likelihood import FIELDS, row_fields
-from evaluate.spec.config import NON_RESULT_KEYS
+from evaluate.spec.keys import NON_RESULT_KEYS
 
 logger = logging.getLogger(__name__)
 

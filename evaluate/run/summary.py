@@ -12,7 +12,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from evaluate import rundir
 from evaluate.report.runs import flatten
-from evaluate.spec.config import NON_RESULT_KEYS, effective_cr, method_name, run_dir
+from evaluate.spec.config import effective_cr, method_name, run_dir
+from evaluate.spec.keys import NON_RESULT_KEYS
 
 # Overrides that choose the press; the uncompressed run of the same samples drops them.
 PRESS_OVERRIDES = ("press=", "press.", "scorer=", "scorer.", "cr=", "+press.", "+scorer.", "method=")

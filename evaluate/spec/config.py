@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from evaluate import registry
 from evaluate.errors import ConfigError
+from evaluate.spec.keys import NON_RESULT_KEYS
 from evaluate.spec.press_traits import (
     changes_the_model,
     downloads,
@@ -35,25 +36,6 @@ logger = logging.getLogger(__name__)
 # pipeline: kvpress's pipeline cuts the templated context's tokens at max_context_length (else the tokenizer's
 # model_max_length), as every published number was run; head/middle: the harness cuts the raw context beforehand.
 TRUNCATION_POLICIES = ("pipeline", "head", "middle")
-
-# Keys that never change a prediction: where results go, how many samples, which device runs them.
-NON_RESULT_KEYS = (
-    "limit",
-    "fraction",
-    "output_dir",
-    "overwrite",
-    "device",
-    "fail_fast",
-    "retry_errors",
-    "wandb",
-    "decode_batch_size",
-    "decode_memory",
-    "wait_for_locks",
-    # Adds the likelihood fields beside each prediction; the predictions are the same either way.
-    "likelihood",
-    # Which tables the report draws (an experiment preset's report: entry), not what a run computes.
-    "report",
-)
 
 
 def _path_name(name_or_path: str) -> str:
