@@ -10,6 +10,7 @@ import fcntl
 import json
 import logging
 import os
+import shutil
 import socket
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -30,6 +31,24 @@ CONFIG = "config.yaml"
 LOCK = ".lock"
 
 logger = logging.getLogger(__name__)
+
+
+def first_missing(path: Path) -> Path | None:
+    """The topmost folder on ``path`` (``path`` included) that does not exist yet, which creating ``path`` creates
+    and a refused command removes again; None when ``path`` exists."""
+    if path.exists():
+        return None
+    while not path.parent.exists():
+        path = path.parent
+    return path
+
+
+def remove_created(top: Path | None) -> None:
+    """Remove the folders a refused command created under ``top`` (its :func:`first_missing` from before it began),
+    with what they hold: the refusal comes before anything runs, so they hold only what the command itself wrote
+    (a sweep's multirun.yaml)."""
+    if top is not None and top.is_dir():
+        shutil.rmtree(top)
 
 
 def write_atomic(path: Path, text: str) -> None:

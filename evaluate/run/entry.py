@@ -1,15 +1,14 @@
 """Several configurations in one process: each model loaded once, each context prefilled once, one decoding pool.
 
-``run_sweep`` checks every configuration, locks its run directory, plans it (evaluate/spec/plan.py) and answers it on its
-model: through the pooled path (evaluate/engine/pooled.py) where the press acts only after each layer's attention and
-``decode_batch_size`` is above 1, else through kvpress's pipeline (evaluate/engine/pipeline.py). A single run is the sweep
-of one point.
+``run_sweep`` checks every configuration, locks its run directory, plans it (evaluate/spec/plan.py) and answers it on
+its model: through the pooled path (evaluate/engine/pooled.py) where the press acts only after each layer's attention
+and ``decode_batch_size`` is above 1, else through kvpress's pipeline (evaluate/engine/pipeline.py). A single run is
+the sweep of one point.
 """
 
 import logging
 from collections.abc import Sequence
 from contextlib import ExitStack
-from pathlib import Path
 
 import torch
 from hydra.utils import instantiate
@@ -40,6 +39,25 @@ def pooled(plan: Plan, model) -> bool:
     return reason is None
 
 
+def checked(cfgs: Sequence[DictConfig], single: bool = False) -> list[DictConfig]:
+    """The configurations with their settings typed, once each passes every check that needs no model; a ConfigError
+    for the first that does not, or for two points that are one run (a sweep would run it twice, or race itself).
+    Launchers call it for every point before any runs; ``single`` also refuses a knob the run's entry does not read."""
+    cfgs = [typed(cfg) for cfg in cfgs]  # overwrite=no is false, query_aware=maybe is refused
+    for cfg in cfgs:
+        validate(cfg)
+        if single:
+            refuse_unread_knobs(cfg)
+    directories = [run_dir(cfg) for cfg in cfgs]
+    duplicates = {str(path) for path in directories if directories.count(path) > 1}
+    if duplicates:
+        raise ConfigError(
+            f"the sweep runs the same configuration twice: {', '.join(sorted(duplicates))}; "
+            "drop the repeats (press=none is one run at any cr; limit, device and the like make no other run)"
+        )
+    return cfgs
+
+
 def run_sweep(cfgs: Sequence[DictConfig], single: bool = False) -> list[dict | None]:
     """Run (or resume) every configuration; return their metrics in order (None for a point left to another).
 
@@ -50,20 +68,13 @@ def run_sweep(cfgs: Sequence[DictConfig], single: bool = False) -> list[dict | N
     """
     # Our own bars track the runs; per-tensor loading bars would bury them.
     transformers_logging.disable_progress_bar()
-    cfgs = [typed(cfg) for cfg in cfgs]  # overwrite=no is false, query_aware=maybe is refused
-    for cfg in cfgs:
-        validate(cfg)
-        if single:
-            refuse_unread_knobs(cfg)
+    cfgs = checked(cfgs, single)
     directories = [run_dir(cfg) for cfg in cfgs]
-    duplicates = {str(path) for path in directories if directories.count(path) > 1}
-    if duplicates:
-        raise ConfigError(f"the sweep runs the same configuration twice: {', '.join(sorted(duplicates))}")
     models = Models()
     metrics: dict[int, dict] = {}
     skipped: list[str] = []
     # For each run directory this sweep will create, the topmost folder on its path that does not exist yet.
-    created = {out: _first_missing(out) for out in directories if not out.exists()}
+    created = {out: rundir.first_missing(out) for out in directories if not out.exists()}
     try:
         with ExitStack() as held:
             by_model: dict[str, list[int]] = {}
@@ -94,12 +105,6 @@ def run_sweep(cfgs: Sequence[DictConfig], single: bool = False) -> list[dict | N
         print(f"{len(skipped)} of {len(cfgs)} points were left to the processes holding them; rerun to resume them:")
         print("\n".join(f"  {point}" for point in skipped))
     return [metrics.get(index) for index in range(len(cfgs))]
-
-
-def _first_missing(path: Path) -> Path:
-    while not path.parent.exists():
-        path = path.parent
-    return path
 
 
 def run(cfg: DictConfig) -> dict:
