@@ -10,6 +10,7 @@ from evaluate.errors import ConfigError, refuse
 from evaluate.run.entry import run
 from evaluate.run.summary import failed_samples, interrupted_summary, run_summary
 from evaluate.spec.config import validate_choices
+from evaluate.spec.overrides import check_command_line
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="config")
@@ -29,5 +30,16 @@ def main(cfg: DictConfig) -> float | None:
     return metrics["score"]
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The command: its keys and config group options are checked before Hydra composes anything, so that a typo is
+    one line and exit code 2, not Hydra's error over several lines (or a ``+key`` nothing reads), and a refused
+    sweep leaves no folder."""
+    try:
+        check_command_line(sys.argv[1:])
+    except ConfigError as error:
+        refuse(error)
     main()
+
+
+if __name__ == "__main__":
+    cli()

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import socket
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -62,6 +63,24 @@ def staging_folder(parent: Path, prefix: str) -> Path:
     """A new empty folder in ``parent`` (mode 0o777 less the umask) to fill, then rename into place."""
     parent.mkdir(parents=True, exist_ok=True)
     return _fresh(parent, prefix, _new_folder)
+
+
+def first_missing(path: Path) -> Path | None:
+    """The topmost folder on ``path`` (``path`` included) that does not exist yet, which creating ``path`` creates
+    and a refused command removes again; None when ``path`` exists."""
+    if path.exists():
+        return None
+    while not path.parent.exists():
+        path = path.parent
+    return path
+
+
+def remove_created(top: Path | None) -> None:
+    """Remove the folders a refused command created under ``top`` (its :func:`first_missing` from before it began),
+    with what they hold: the refusal comes before anything runs, so they hold only what the command itself wrote
+    (a sweep's multirun.yaml)."""
+    if top is not None and top.is_dir():
+        shutil.rmtree(top)
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -193,8 +193,8 @@ def test_a_refused_point_ends_a_sweep_in_one_line_before_any_point_runs(tmp_path
         "error: cr=1.5 is outside [0, 1): cr is the fraction of KV pairs removed, e.g. cr=0.5"
     )
     assert "Traceback" not in result.stderr
-    # The good point did not run either: only Hydra's record of the sweep exists.
-    assert [path.name for path in tmp_path.iterdir()] == ["multirun"]
+    # The good point did not run either, and Hydra's record of the sweep (multirun/) is removed with the refusal.
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_resuming_with_a_different_configuration_is_refused(tmp_path):

@@ -10,7 +10,6 @@ the only writer. A single run is the sweep of one point.
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
-from pathlib import Path
 
 import torch
 from hydra.utils import instantiate
@@ -46,6 +45,26 @@ def pooled(plan: Plan, model) -> bool:
     return reason is None
 
 
+def checked(cfgs: Sequence[DictConfig], single: bool = False) -> list[PointSpec]:
+    """Each configuration typed, checked (every check that needs no model) and resolved, once: a ConfigError for the
+    first that fails, or for two points that are one run (a sweep would run it twice, or race itself). Every
+    launcher calls it for every point before any runs; ``single`` also refuses a knob the run's entry does not read."""
+    cfgs = [typed(cfg) for cfg in cfgs]  # overwrite=no is false, query_aware=maybe is refused
+    for cfg in cfgs:
+        validate(cfg)
+        if single:
+            refuse_unread_knobs(cfg)
+    specs = [resolve(cfg) for cfg in cfgs]
+    directories = [spec.out for spec in specs]
+    duplicates = {str(path) for path in directories if directories.count(path) > 1}
+    if duplicates:
+        raise ConfigError(
+            f"the sweep runs the same configuration twice: {', '.join(sorted(duplicates))}; "
+            "drop the repeats (press=none is one run at any cr; limit, device and the like make no other run)"
+        )
+    return specs
+
+
 def run_sweep(cfgs: Sequence[DictConfig], single: bool = False) -> list[dict | None]:
     """Run (or resume) every configuration; return their metrics in order (None for a point left to another).
 
@@ -56,21 +75,13 @@ def run_sweep(cfgs: Sequence[DictConfig], single: bool = False) -> list[dict | N
     """
     # Our own bars track the runs; per-tensor loading bars would bury them.
     transformers_logging.disable_progress_bar()
-    cfgs = [typed(cfg) for cfg in cfgs]  # overwrite=no is false, query_aware=maybe is refused
-    for cfg in cfgs:
-        validate(cfg)
-        if single:
-            refuse_unread_knobs(cfg)
-    specs = [resolve(cfg) for cfg in cfgs]
+    specs = checked(cfgs, single)
     directories = [spec.out for spec in specs]
-    duplicates = {str(path) for path in directories if directories.count(path) > 1}
-    if duplicates:
-        raise ConfigError(f"the sweep runs the same configuration twice: {', '.join(sorted(duplicates))}")
     models = Models()
     metrics: dict[int, dict] = {}
     skipped: list[str] = []
     # For each run directory this sweep will create, the topmost folder on its path that does not exist yet.
-    created = {out: _first_missing(out) for out in directories if not out.exists()}
+    created = {out: rundir.first_missing(out) for out in directories if not out.exists()}
     try:
         with ExitStack() as held:
             by_model: dict[str, list[int]] = {}
@@ -102,12 +113,6 @@ def run_sweep(cfgs: Sequence[DictConfig], single: bool = False) -> list[dict | N
         print(f"{len(skipped)} of {len(cfgs)} points were left to the processes holding them; rerun to resume them:")
         print("\n".join(f"  {point}" for point in skipped))
     return [metrics.get(index) for index in range(len(cfgs))]
-
-
-def _first_missing(path: Path) -> Path:
-    while not path.parent.exists():
-        path = path.parent
-    return path
 
 
 def run(cfg: DictConfig) -> dict:

@@ -110,21 +110,25 @@ class GpusLauncher(Launcher):
         self.task_function: TaskFunction | None = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        from evaluate.rundir import first_missing
+
         self.config = config
         self.hydra_context = hydra_context
         self.task_function = task_function
+        # Set up before the sweeper creates the sweep folder: a refused sweep removes what it created.
+        self.created = first_missing(Path(str(config.hydra.sweep.dir)))
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         # The harness (torch, kvpress) is imported only when a sweep runs: Hydra imports plugins for every command.
         from evaluate.errors import ConfigError, refuse
-        from evaluate.spec.config import model_key, validate, validate_choices
-        from evaluate.spec.settings import typed
+        from evaluate.run.entry import checked
+        from evaluate.rundir import remove_created
+        from evaluate.spec.config import model_key, validate_choices
 
         setup_globals()
         assert self.config is not None and self.hydra_context is not None
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         log_dir = Path(str(self.config.hydra.sweep.dir)) / "gpus"
-        log_dir.mkdir(parents=True, exist_ok=True)
 
         devices = visible_gpus(self.gpus)
         used = devices[: len(job_overrides)]
@@ -137,9 +141,11 @@ class GpusLauncher(Launcher):
         try:  # every point checked before any worker starts: one bad point refuses the sweep in one line
             for job in jobs:
                 validate_choices(job.sweep_config.hydra.runtime.choices)
-                validate(typed(OmegaConf.create(job.resolved)))
+            checked([OmegaConf.create(job.resolved) for job in jobs])
         except ConfigError as error:
+            remove_created(self.created)  # and leaves no sweep folder behind
             refuse(error)
+        log_dir.mkdir(parents=True, exist_ok=True)
         # The sweep's own grouping: jobs of one model key load it once on their worker.
         shares = partition([model_key(job.task_config) for job in jobs], max(1, len(devices)))
         with tempfile.TemporaryDirectory(prefix="pressbench-gpus-") as scratch:

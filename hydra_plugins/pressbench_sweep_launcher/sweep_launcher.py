@@ -34,15 +34,20 @@ ConfigStore.instance().store(
 
 class SharedPrefillLauncher(Launcher):
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        from evaluate.rundir import first_missing
+
         self.config = config
         self.hydra_context = hydra_context
         self.task_function = task_function
+        # Set up before the sweeper creates the sweep folder: a refused sweep removes what it created.
+        self.created = first_missing(Path(str(config.hydra.sweep.dir)))
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         # The harness, imported only when a sweep actually runs.
         from evaluate.errors import ConfigError, refuse
         from evaluate.run.entry import run_sweep
         from evaluate.run.summary import interrupted_summary, sweep_summary
+        from evaluate.rundir import remove_created
         from evaluate.spec.config import validate_choices
 
         setup_globals()
@@ -68,7 +73,9 @@ class SharedPrefillLauncher(Launcher):
                 validate_choices(sweep_config.hydra.runtime.choices)
             metrics = run_sweep(task_configs)
         except ConfigError as error:
-            # Every point is checked before any runs: one bad point refuses the sweep in one line, as a single run.
+            # Every point is checked before any runs: one bad point refuses the sweep in one line, as a single run,
+            # and leaves no sweep folder behind.
+            remove_created(self.created)
             refuse(error)
         except KeyboardInterrupt:  # Ctrl-C: what the sweep kept and how to resume it, not a traceback
             print(interrupted_summary(task_configs), file=sys.stderr)
