@@ -7,27 +7,13 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from evaluate.errors import ConfigError, refuse
-from evaluate.run.entry import run
-from evaluate.run.summary import failed_samples, interrupted_summary, run_summary
-from evaluate.spec.config import validate_choices
+from evaluate.run.entry import command
 from evaluate.spec.overrides import check_command_line
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
-    try:
-        validate_choices(HydraConfig.get().runtime.choices)
-        metrics = run(cfg)
-    except ConfigError as error:
-        refuse(error)
-    except KeyboardInterrupt:  # Ctrl-C: what was kept and how to resume, not a traceback
-        print(interrupted_summary([cfg]), file=sys.stderr)
-        sys.exit(130)
-    print(run_summary(cfg, metrics))
-    failed, samples = failed_samples(metrics)
-    if samples and failed == samples:  # nothing was answered: a broken configuration, not a score of 0
-        sys.exit(1)
-    return metrics["score"]
+    return command([cfg], [HydraConfig.get().runtime.choices], single=True)[0]["score"]
 
 
 def cli() -> None:

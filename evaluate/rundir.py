@@ -238,6 +238,22 @@ class RunLocked(ConfigError):
         self.holder = holder
 
 
+def held(run_directory: Path) -> bool:
+    """Whether a live process holds the run directory's lock now (a reader's question: it takes the lock for an
+    instant when it is free)."""
+    try:
+        fd = os.open(run_directory / LOCK, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
 @contextmanager
 def locked(run_directory: Path, wait: bool = False) -> Iterator[None]:
     """Hold the run directory for this process; ``wait`` blocks until its holder lets go instead of refusing.

@@ -19,7 +19,7 @@ from evaluate.benchmarks import Sample
 from evaluate.engine.cost import Cost, kv_bytes, measure_kept_ratio
 from evaluate.engine.pipeline import chat_template_enabled, make_pipeline, pipeline_budget
 from evaluate.engine.prefill import PrefillCapture, QuestionIds, RandomStream, clear_masks, compressed_cache
-from evaluate.engine.requests import AnsweredGroup, DecodeRequest, RowCost, hidden_keys
+from evaluate.engine.requests import AnsweredGroup, DecodeRequest, Prefilled, RowCost, hidden_keys
 from evaluate.engine.scheduler import DecodingPool
 from evaluate.engine.teacher_forcing import likelihood_fields, reference_answer_ids, teacher_forced
 from evaluate.spec.plan import Plan
@@ -101,9 +101,10 @@ def _failed(point: int, group: list[Sample], failure: Exception, cost: Cost) -> 
 
 def answer_pooled(
     plans: list[Plan], model, tokenizer, max_contexts: list[int], batch_size: int, memory_bytes: int
-) -> Iterator[AnsweredGroup]:
+) -> Iterator[AnsweredGroup | Prefilled]:
     """Prefill each distinct context once, compress it for every point that needs it, and decode in one pool;
-    yields each point's answers on each context as they are finished (a failed context's with its failure)."""
+    yields each point's answers on each context as they are finished (a failed context's with its failure), and
+    after each context's prefill and compression, how many are done."""
     pipe = make_pipeline(model, tokenizer, plans[0].spec.device)
     language_model = model.model
     layers = language_model.layers
@@ -142,8 +143,9 @@ def answer_pooled(
         outstanding[:] = [answers for answers in outstanding if not answers.complete]
         return complete
 
-    for (text, answer_prefix, max_new_tokens, chat_template, budget), members in work.items():
-        while not pool.has_room():
+    for done, ((text, answer_prefix, max_new_tokens, chat_template, budget), members) in enumerate(work.items()):
+        yield Prefilled(done, len(work))
+        while pool.busy() and not pool.has_room():
             yield from step()
         start = time.perf_counter()
         try:
@@ -163,7 +165,7 @@ def answer_pooled(
         prefill_share = (time.perf_counter() - start) / len(members)
         length = context_ids.shape[1]
         for point, plan, group in members:
-            while not pool.has_room():
+            while pool.busy() and not pool.has_room():
                 yield from step()
             point_start = time.perf_counter()
             try:
@@ -202,5 +204,6 @@ def answer_pooled(
             outstanding.append(answers)
             for index, question in enumerate(ids):
                 pool.submit(DecodeRequest(cache, question, length, max_new_tokens, hidden, tag=(answers, index)))
+    yield Prefilled(len(work), len(work))
     while pool.busy():
         yield from step()

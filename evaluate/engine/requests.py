@@ -110,3 +110,12 @@ class AnsweredGroup:
     cost: Cost
     likelihood: list[dict] | None = None
     failure: Exception | None = None
+
+
+@dataclass
+class Prefilled:
+    """Progress the engine reports between answers: how many of its contexts are prefilled and compressed (the
+    phase that takes longest before the first answer on a CPU)."""
+
+    contexts: int
+    of: int

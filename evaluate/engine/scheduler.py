@@ -24,6 +24,7 @@ decoding, so a row's greedy tokens are the pipeline's unless two candidates tie 
 (tests/test_decoding.py, tests/test_kvpress_equivalence.py).
 """
 
+import logging
 import os
 from collections import deque
 from dataclasses import replace
@@ -34,6 +35,8 @@ from evaluate.engine.attention import pool_attention_active
 from evaluate.engine.model_runner import ModelRunner
 from evaluate.engine.requests import DecodeRequest, FinishedRow, RunningRow
 from evaluate.engine.slot_cache import SlotCache
+
+logger = logging.getLogger(__name__)
 
 
 def stop_token_ids(model) -> set[int]:
@@ -73,6 +76,7 @@ class DecodingPool:
         self.waiting_bytes = 0
         self.rows: list[RunningRow | None] = []
         self.cache: SlotCache | None = None
+        self.warned_budget = False
 
     @property
     def forward_passes(self) -> int:
@@ -87,7 +91,11 @@ class DecodingPool:
         return self.waiting_bytes + (self.cache.nbytes if self.cache is not None else 0)
 
     def has_room(self) -> bool:
-        """Whether another context may be compressed into the queue now."""
+        """Whether another context may be compressed into the queue now. An idle pool always has room, so that a
+        budget too small for one row decodes rows one at a time (with a warning, see ``_admit``) instead of
+        waiting forever for room that no step can make."""
+        if not self.busy():
+            return True
         return len(self.waiting) < self.batch_size and self.held_bytes < self.memory_bytes
 
     def submit(self, request: DecodeRequest) -> None:
@@ -146,7 +154,17 @@ class DecodingPool:
         active = sum(row is not None for row in self.rows)
         capacity = max([self.cache.capacity if self.cache is not None else 0] + [r.slot_length() for r in self.waiting])
         # As many slots as the batch size, the work at hand and the memory budget allow (at least one).
-        affordable = max(1, (self.memory_bytes - self.waiting_bytes) // self._slot_bytes(capacity))
+        affordable = (self.memory_bytes - self.waiting_bytes) // self._slot_bytes(capacity)
+        if affordable < 1 and not self.warned_budget:
+            self.warned_budget = True
+            needed = (self._slot_bytes(capacity) + self.waiting[0].nbytes) / 2**30
+            logger.warning(
+                "decode_memory=%.3g GiB holds no row (one needs %.3g GiB): rows decode one at a time; raise it, or "
+                "leave it null for the default",
+                self.memory_bytes / 2**30,
+                needed,
+            )
+        affordable = max(1, affordable)
         slots = max(len(self.rows), min(self.batch_size, active + len(self.waiting), affordable))
         if self.cache is None or slots > self.cache.slots or capacity > self.cache.capacity:
             # Grown in steps, so that a slowly rising need does not copy the buffer at every admission.

@@ -58,7 +58,7 @@ class SlotCache:
 
     def copy_from(self, other: "SlotCache", slots: list[int]) -> None:
         """Take ``other``'s rows ``slots`` into this cache's first slots (to grow or compact the pool)."""
-        index = torch.tensor(slots, device=self.lengths.device)
+        index = torch.tensor(slots, dtype=torch.long, device=self.lengths.device)  # an empty list is long too
         rows = len(slots)
         width = min(self.capacity, other.capacity)
         for mine, theirs in ((self.keys, other.keys), (self.values, other.values), (self.visible, other.visible)):

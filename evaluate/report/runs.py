@@ -173,6 +173,21 @@ def read_run_file(path: Path) -> dict | None:
     return data
 
 
+def unfinished(path: Path, run: dict) -> str:
+    """Why a run is not reported yet, as its run.json and its lock tell it, with what to do."""
+    status = run.get("status", "unknown")
+    if status == "running" and not rundir.held(path):
+        return (
+            "status running, but no process holds it: it stopped without closing (killed, or its disk filled); "
+            "rerun it to resume"
+        )
+    if status == "incomplete":
+        unanswered = f"{run.get('unanswered')} samples unanswered ({run.get('error')})"
+        return f"status incomplete: {unanswered}; rerun it to answer them"
+    reason = run.get("signal") or run.get("error")
+    return f"status {status}" + (f" ({reason})" if reason else "")
+
+
 def read_run(path: Path) -> RunResult:
     """The finished run in ``path``; ReportError (or ValueError, for damaged predictions) saying why it cannot be
     reported, naming the file at fault."""
@@ -180,7 +195,7 @@ def read_run(path: Path) -> RunResult:
     if run is None:
         raise ReportError(f"{path} has no {rundir.RUN}")
     if run.get("status", "unknown") not in rundir.FINISHED:
-        raise ReportError(f"status {run.get('status', 'unknown')}")
+        raise ReportError(unfinished(path, run))
     record, metrics = read_run_file(path / rundir.CONFIG), read_run_file(path / rundir.METRICS)
     if record is None:
         raise ReportError(f"{path} has no {rundir.CONFIG}")

@@ -8,8 +8,9 @@ the only writer. A single run is the sweep of one point.
 """
 
 import logging
-from collections.abc import Iterator, Sequence
-from contextlib import ExitStack
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
 
 import torch
 from hydra.utils import instantiate
@@ -21,12 +22,13 @@ from evaluate import rundir
 from evaluate.engine.attention import why_not_pooled
 from evaluate.engine.pipeline import answer_with_pipeline, context_budget
 from evaluate.engine.pooled import answer_pooled
-from evaluate.engine.requests import AnsweredGroup
+from evaluate.engine.requests import AnsweredGroup, Prefilled
 from evaluate.engine.scheduler import decode_memory_bytes
-from evaluate.errors import ConfigError
+from evaluate.errors import ConfigError, RunIncomplete, exit_code, fail, refuse, stop_on_signals
 from evaluate.models.loading import Models, warn_if_unpatched
-from evaluate.run.recorder import Recorder
-from evaluate.spec.config import described_press, refuse_unread_knobs, validate
+from evaluate.run.recorder import Recorder, describe
+from evaluate.run.summary import failed_samples, interrupted_summary, run_summary, sweep_summary
+from evaluate.spec.config import described_press, refuse_unread_knobs, validate, validate_choices
 from evaluate.spec.plan import Plan, make_plan
 from evaluate.spec.point import PointSpec, resolve
 from evaluate.spec.press_traits import changes_the_model, prepare_model, why_not_shared_prefill
@@ -43,6 +45,34 @@ def pooled(plan: Plan, model) -> bool:
     if reason is not None:
         logger.info("%s takes kvpress's pipeline path: %s", plan.out.name, reason)
     return reason is None
+
+
+def _first_of_each() -> Callable[[logging.LogRecord], bool]:
+    seen: set[tuple[str, int, str]] = set()
+
+    def first(record: logging.LogRecord) -> bool:
+        key = (record.name, record.levelno, record.getMessage())
+        if key in seen:
+            return False
+        seen.add(key)
+        return True
+
+    return first
+
+
+@contextmanager
+def each_warning_once() -> Iterator[None]:
+    """A warning that every point of a sweep would repeat word for word (a benchmark's skipped tasks, a truncation
+    count) is printed once: a filter on each of the root logger's handlers (each its own, since every handler sees
+    every record) for the sweep's duration."""
+    filters = [(handler, _first_of_each()) for handler in logging.getLogger().handlers]
+    for handler, first in filters:
+        handler.addFilter(first)
+    try:
+        yield
+    finally:
+        for handler, first in filters:
+            handler.removeFilter(first)
 
 
 def checked(cfgs: Sequence[DictConfig], single: bool = False) -> list[PointSpec]:
@@ -71,7 +101,8 @@ def run_sweep(cfgs: Sequence[DictConfig], single: bool = False) -> list[dict | N
     Every configuration is checked before anything loads. A point whose run directory another process holds is
     left to it (or waited for, with ``wait_for_locks=true``) and listed at the end; a ``single`` run refuses it.
     Points on the same model share one model load; among those, the ones whose press acts only after attention
-    share each context's prefill.
+    share each context's prefill. SIGTERM stops it as Ctrl-C does, each run directory saying so; a failure of the
+    machine that left samples unanswered raises :class:`RunIncomplete` once every point has closed.
     """
     # Our own bars track the runs; per-tensor loading bars would bury them.
     transformers_logging.disable_progress_bar()
@@ -82,8 +113,11 @@ def run_sweep(cfgs: Sequence[DictConfig], single: bool = False) -> list[dict | N
     skipped: list[str] = []
     # For each run directory this sweep will create, the topmost folder on its path that does not exist yet.
     created = {out: rundir.first_missing(out) for out in directories if not out.exists()}
+    incomplete: list[str] = []
     try:
         with ExitStack() as held:
+            held.enter_context(stop_on_signals())
+            held.enter_context(each_warning_once())
             by_model: dict[str, list[int]] = {}
             for index, spec in enumerate(specs):
                 out = spec.out
@@ -98,6 +132,11 @@ def run_sweep(cfgs: Sequence[DictConfig], single: bool = False) -> list[dict | N
             for indices in by_model.values():
                 recorders = _run_on_one_model([specs[index] for index in indices], models)
                 metrics.update(zip(indices, (recorder.close() for recorder in recorders), strict=True))
+                incomplete += [
+                    f"{recorder.plan.out}: {recorder.unanswered} samples ({recorder.environment_error})"
+                    for recorder in recorders
+                    if recorder.unanswered
+                ]
     except ConfigError:
         # A point refused while planning (its data is broken or changed, its predictions are damaged) leaves no
         # folder that holds only the lock this sweep created, nor the empty folders above it.
@@ -112,7 +151,46 @@ def run_sweep(cfgs: Sequence[DictConfig], single: bool = False) -> list[dict | N
     if skipped:
         print(f"{len(skipped)} of {len(cfgs)} points were left to the processes holding them; rerun to resume them:")
         print("\n".join(f"  {point}" for point in skipped))
+    if incomplete:
+        raise RunIncomplete(
+            f"the machine failed, not the samples, so these were left unanswered: {'; '.join(incomplete)}; free "
+            "what ran short (memory, disk, or lower decode_batch_size / decode_memory) and rerun the same command "
+            "to answer them"
+        )
     return [metrics.get(index) for index in range(len(cfgs))]
+
+
+def command(
+    cfgs: Sequence[DictConfig],
+    choices: Sequence[Mapping[str, str | None]],
+    single: bool,
+    refused: Callable[[], None] = lambda: None,
+) -> list[dict | None]:
+    """The one entry of ``python -m evaluate`` and of every launcher: check each point's config group ``choices``
+    (Hydra's), run the points, print their closing lines, and end the process as docs/configuration.md documents
+    each way a run ends (``refused`` undoes what the launcher made before a refusal: its sweep folder)."""
+    try:
+        for chosen in choices:
+            validate_choices(chosen)
+        metrics = run_sweep(cfgs, single)
+    except ConfigError as error:
+        refused()
+        refuse(error)
+    except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM: what was kept and how to resume, not a traceback
+        print(interrupted_summary(cfgs), file=sys.stderr)
+        sys.exit(exit_code(interrupt))
+    except RunIncomplete as error:
+        fail(error)
+    except OSError as error:  # the disk or the system failed the run's own writes
+        fail(OSError(f"{describe(error)}; the run directory keeps what was written: fix it and rerun the same command"))
+    if single:
+        print(run_summary(cfgs[0], metrics[0]))
+        failed, samples = failed_samples(metrics[0])
+        if samples and failed == samples:  # nothing was answered: a broken configuration, not a score of 0
+            sys.exit(1)
+    else:
+        print(sweep_summary(cfgs, metrics))
+    return metrics
 
 
 def run(cfg: DictConfig) -> dict:
@@ -159,18 +237,22 @@ def _run_on_one_model(specs: list[PointSpec], models: Models) -> list[Recorder]:
                 min(decode_memory_bytes(recorder.plan.cfg.decode_memory, model) for recorder in in_pool),
             )
             _record(answered, in_pool, "answering")
-    except BaseException:
+    except BaseException as reason:
         for recorder in pending:
-            recorder.interrupted()
+            recorder.stopped(reason)
         raise
     return recorders
 
 
-def _record(answered: Iterator[AnsweredGroup], recorders: list[Recorder], label: str) -> None:
-    """Hand each group the engine finished to its point's recorder, with one progress bar over the points."""
+def _record(answered: Iterator[AnsweredGroup | Prefilled], recorders: list[Recorder], label: str) -> None:
+    """Hand each group the engine finished to its point's recorder, with one progress bar over the points that
+    also shows the contexts prefilled (and compressed) so far."""
     total = sum(len(recorder.plan.samples) for recorder in recorders)
     done = sum(len(recorder.done_ids) for recorder in recorders)
     with tqdm(total=total, initial=done, unit="sample", desc=label, dynamic_ncols=True) as progress:
         for result in answered:
+            if isinstance(result, Prefilled):
+                progress.set_postfix_str(f"contexts prefilled {result.contexts}/{result.of}")
+                continue
             recorders[result.point].record(result)
             progress.update(len(result.group))

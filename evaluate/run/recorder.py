@@ -26,6 +26,22 @@ from evaluate.spec.plan import Plan, sample_identity
 logger = logging.getLogger(__name__)
 
 
+def environment_failure(failure: BaseException) -> bool:
+    """Whether a failure is the machine's rather than the sample's: memory (host or device), the disk or another
+    operating-system error, or the device itself. Such a failure says nothing about the sample, so its samples are
+    left for the rerun instead of being recorded as wrong answers."""
+    if isinstance(failure, (MemoryError, OSError, torch.OutOfMemoryError)):
+        return True
+    message = str(failure)
+    return isinstance(failure, RuntimeError) and (
+        "out of memory" in message.lower() or message.startswith("CUDA error")
+    )
+
+
+def describe(failure: BaseException) -> str:
+    return f"{type(failure).__name__}: {' '.join(str(failure).split())}"
+
+
 def peak_memory_mb(device: str) -> float:
     if device.startswith("cuda"):
         return torch.cuda.max_memory_allocated() / 2**20
@@ -108,6 +124,8 @@ class Recorder:
         self.predictions = plan.out / rundir.PREDICTIONS
         self.done_ids = {row["id"] for row in plan.kept_rows}
         self.n_errors = sum(1 for row in plan.kept_rows if row.get("error"))
+        self.unanswered = 0  # samples an environment failure left for the rerun
+        self.environment_error: str | None = None
         self.truncated: int | None = None
         self.tracker = Tracker()
 
@@ -138,17 +156,30 @@ class Recorder:
 
     def record(self, result: AnsweredGroup) -> None:
         """Append a group's rows as the engine finished them (``likelihood`` holds each sample's likelihood fields,
-        empty where it has none). A failed group is the failure policy's: it stops the run under ``fail_fast``,
-        else its samples are recorded empty, marked with the error, and count as wrong."""
+        empty where it has none). A failed group is the failure policy's, the only one: it stops the run under
+        ``fail_fast``; a failure of the machine (:func:`environment_failure`) leaves its samples unanswered for the
+        rerun; any other failure records them empty, marked with the error, counted as wrong."""
         group, answers, kept_ratio, error = result.group, result.answers, result.kept_ratio, None
         if result.failure is not None:
             if self.plan.cfg.fail_fast:
                 raise result.failure
-            # One bad context must not kill a sweep: record it, count it as wrong, and go on.
-            error = f"{type(result.failure).__name__}: {result.failure}"
-            logger.warning("context of %s failed and is scored as wrong: %s", group[0].id, error)
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
+            if environment_failure(result.failure):
+                self.unanswered += len(group)
+                self.environment_error = self.environment_error or describe(result.failure)
+                logger.warning(
+                    "context of %s not answered (%s): its %d samples are left for the rerun",
+                    group[0].id,
+                    describe(result.failure),
+                    len(group),
+                )
+                self.stats.cost += result.cost
+                self._write_run("running")
+                return
+            # One bad context must not kill a sweep: record it, count it as wrong, and go on.
+            error = describe(result.failure)
+            logger.warning("context of %s failed and is scored as wrong: %s", group[0].id, error)
             answers, kept_ratio = [""] * len(group), None
         likelihood = result.likelihood if error is None else None
         rundir.append_predictions(
@@ -185,10 +216,21 @@ class Recorder:
             errors=self.n_errors,
         )
 
-    def interrupted(self) -> None:
-        if self.plan.todo:
-            self._write_run("interrupted")
-            self.tracker.finish(exit_code=1)
+    def stopped(self, reason: BaseException) -> None:
+        """Say in run.json how this session ended early: ``interrupted`` by a signal (which one), or ``failed`` with
+        the exception. Best effort: on a full disk run.json may not be writable, and stays ``running`` under a lock
+        no process holds, which the report reads as a run that was stopped."""
+        if not self.plan.todo:
+            return
+        if isinstance(reason, KeyboardInterrupt):
+            status, detail = "interrupted", {"signal": str(reason) or "SIGINT"}
+        else:
+            status, detail = "failed", {"error": describe(reason)}
+        try:
+            self._write_run(status, **detail)
+        except OSError as error:
+            logger.warning("could not record how %s ended in %s: %s", self.plan.out, rundir.RUN, describe(error))
+        self.tracker.finish(exit_code=1)
 
     def close(self) -> dict:
         """Finish the session and score every prediction of the run; returns metrics.json's content."""
@@ -229,12 +271,18 @@ class Recorder:
         return metrics
 
     def _finished_status(self) -> str:
+        if self.unanswered:
+            return "incomplete"
         return rundir.FINISHED[1] if self.n_errors else rundir.FINISHED[0]
 
-    def _write_run(self, status: str) -> None:
+    def _write_run(self, status: str, **detail: str) -> None:
+        unanswered = {"unanswered": self.unanswered, "error": self.environment_error} if self.unanswered else {}
         record = {
             "status": status,
+            **unanswered,
+            **detail,
             "samples": len(self.done_ids),
+            "session_samples": len(self.done_ids) - len(self.plan.kept_rows),
             "samples_expected": len(self.plan.samples),
             "errors": self.n_errors,
             "truncated_samples": self.truncated,

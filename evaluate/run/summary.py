@@ -150,8 +150,10 @@ def sweep_summary(cfgs: Sequence[DictConfig], metrics: Sequence[dict | None]) ->
 
 
 def interrupted_summary(cfgs: Sequence[DictConfig]) -> str:
-    """The one line a run or sweep stopped by Ctrl-C ends with: what it kept, and the command that resumes it."""
-    kept = sum(len(rundir.read_predictions(run_dir(cfg) / rundir.PREDICTIONS)) for cfg in cfgs)
+    """The one line a run or sweep stopped by Ctrl-C or SIGTERM ends with: what this session answered and kept (the
+    session_samples of each run.json; earlier sessions' rows are not its own), and the command that resumes it."""
+    records = [rundir.read_json(run_dir(cfg) / rundir.RUN) or {} for cfg in cfgs]
+    kept = sum(record.get("session_samples", 0) for record in records)
     where = run_dir(cfgs[0]) if len(cfgs) == 1 else cfgs[0].output_dir
     command = shlex.join(["python", "-m", "evaluate", *sys.argv[1:]])
-    return f"interrupted: {kept} samples kept in {where}; rerun to resume: {command}"
+    return f"interrupted: {kept} samples answered and kept in {where}; rerun to resume: {command}"

@@ -7,7 +7,6 @@ prefills each context once for all the points that can share it.
 
 import logging
 import os
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,11 +43,8 @@ class SharedPrefillLauncher(Launcher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         # The harness, imported only when a sweep actually runs.
-        from evaluate.errors import ConfigError, refuse
-        from evaluate.run.entry import run_sweep
-        from evaluate.run.summary import interrupted_summary, sweep_summary
+        from evaluate.run.entry import command
         from evaluate.rundir import remove_created
-        from evaluate.spec.config import validate_choices
 
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
@@ -68,19 +64,10 @@ class SharedPrefillLauncher(Launcher):
         if sweep_configs:
             # Jobs read the sweep's Hydra settings (e.g. the wandb group is the sweep folder) as they would per job.
             HydraConfig.instance().set_config(sweep_configs[0])
-        try:
-            for sweep_config in sweep_configs:
-                validate_choices(sweep_config.hydra.runtime.choices)
-            metrics = run_sweep(task_configs)
-        except ConfigError as error:
-            # Every point is checked before any runs: one bad point refuses the sweep in one line, as a single run,
-            # and leaves no sweep folder behind.
-            remove_created(self.created)
-            refuse(error)
-        except KeyboardInterrupt:  # Ctrl-C: what the sweep kept and how to resume it, not a traceback
-            print(interrupted_summary(task_configs), file=sys.stderr)
-            sys.exit(130)
-        print(sweep_summary(task_configs, metrics))
+        # Every point is checked before any runs: one bad point refuses the sweep in one line, as a single run,
+        # and leaves no sweep folder behind.
+        choices = [sweep_config.hydra.runtime.choices for sweep_config in sweep_configs]
+        metrics = command(task_configs, choices, single=False, refused=lambda: remove_created(self.created))
         return [
             JobReturn(
                 overrides=list(overrides),
