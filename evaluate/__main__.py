@@ -13,7 +13,10 @@ from evaluate.spec.overrides import check_command_line
 
 @hydra.main(version_base=None, config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
-    return command([cfg], [HydraConfig.get().runtime.choices], single=True)[0]["score"]
+    hydra_config = HydraConfig.get()
+    return command([cfg], [hydra_config.runtime.choices], single=True, overrides=hydra_config.overrides.task)[0][
+        "score"
+    ]
 
 
 def cli() -> None:

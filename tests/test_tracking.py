@@ -10,11 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hydra import compose as hydra_compose
-from hydra import initialize_config_dir
-from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException
-from hydra.types import RunMode
 from omegaconf import open_dict
 
 from evaluate.benchmarks.ruler import Ruler
@@ -22,8 +18,9 @@ from evaluate.run.tracking import Tracker
 from evaluate.score.likelihood import FIELDS as LIKELIHOOD_FIELDS
 from evaluate.score.rescore import score_rows
 from evaluate.spec.config import ConfigError
+from hydra_plugins.pressbench_sweep_launcher.sweep_launcher import group_by_sweep
 from tests.fixtures.runs.builder import uniform, write_run
-from tests.support import CONF_DIR, compose_config
+from tests.support import compose_config
 
 
 def compose(tmp_path, *overrides: str):
@@ -131,9 +128,9 @@ def test_offline_run_logs_config_progress_metrics_and_a_predictions_table(tmp_pa
     cfg = compose(tmp_path, "wandb=offline", "press=eg_chunkkv", "cr=0.9")
     with open_dict(cfg):
         cfg.benchmark = {"_target_": "evaluate.benchmarks.ruler.Ruler", "name": "ruler"}
-    # Inside a Hydra multirun: the sweep folder's name is the group.
-    with initialized_multirun("/sweeps/multirun/2026-01-02_03-04-05"):
-        tracker = Tracker.from_config(cfg, "ruler__tiny-random__eg_chunkkv_snapkv__cr0.90__abcdef")
+    # A job of a multirun: the launcher names the group after the sweep folder.
+    group_by_sweep(cfg, "/sweeps/multirun/2026-01-02_03-04-05")
+    tracker = Tracker.from_config(cfg, "ruler__tiny-random__eg_chunkkv_snapkv__cr0.90__abcdef")
     run_dir = tracker.run_dir
     assert run_dir.parent.parent == offline and run_dir.name.startswith("offline-run-")
     rows = [
@@ -190,23 +187,6 @@ def test_offline_run_logs_config_progress_metrics_and_a_predictions_table(tmp_pa
             ["cwe-0", "cwe", "Q2?", "c", "-", 0.0, 3.0, 1.0, 2.0, 0.5],
         ]
     )
-
-
-class initialized_multirun:
-    """HydraConfig as a multirun job sees it, for the duration of a ``with`` block."""
-
-    def __init__(self, sweep_dir: str):
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-            self.cfg = hydra_compose(config_name="config", overrides=["model=tiny_random"], return_hydra_config=True)
-        with open_dict(self.cfg):
-            self.cfg.hydra.mode = RunMode.MULTIRUN
-            self.cfg.hydra.sweep.dir = sweep_dir
-
-    def __enter__(self):
-        HydraConfig.instance().set_config(self.cfg)
-
-    def __exit__(self, *exc):
-        HydraConfig.instance().cfg = None
 
 
 def test_report_logs_tables_plots_and_a_score_chart_to_one_offline_run(tmp_path, offline, capsys):

@@ -165,10 +165,12 @@ def command(
     choices: Sequence[Mapping[str, str | None]],
     single: bool,
     refused: Callable[[], None] = lambda: None,
+    overrides: Sequence[str] = (),
 ) -> list[dict | None]:
     """The one entry of ``python -m evaluate`` and of every launcher: check each point's config group ``choices``
     (Hydra's), run the points, print their closing lines, and end the process as docs/configuration.md documents
-    each way a run ends (``refused`` undoes what the launcher made before a refusal: its sweep folder)."""
+    each way a run ends (``refused`` undoes what the launcher made before a refusal: its sweep folder; a single
+    run's summary suggests commands that keep its command line's ``overrides``)."""
     try:
         for chosen in choices:
             validate_choices(chosen)
@@ -184,7 +186,7 @@ def command(
     except OSError as error:  # the disk or the system failed the run's own writes
         fail(OSError(f"{describe(error)}; the run directory keeps what was written: fix it and rerun the same command"))
     if single:
-        print(run_summary(cfgs[0], metrics[0]))
+        print(run_summary(cfgs[0], metrics[0], overrides))
         failed, samples = failed_samples(metrics[0])
         if samples and failed == samples:  # nothing was answered: a broken configuration, not a score of 0
             sys.exit(1)

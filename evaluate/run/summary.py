@@ -6,7 +6,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
-from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -19,9 +18,8 @@ from evaluate.spec.keys import NON_RESULT_KEYS
 PRESS_OVERRIDES = ("press=", "press.", "scorer=", "scorer.", "cr=", "+press.", "+scorer.", "method=")
 
 
-def _command_line_overrides() -> list[str]:
+def _last_of_each_key(overrides: Sequence[str]) -> list[str]:
     """The run's overrides, the last one of each key only (as Hydra applies them: `make run ARGS=press=none`)."""
-    overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
     last = {override.split("=", 1)[0]: override for override in overrides}
     return list(last.values())
 
@@ -54,7 +52,8 @@ def likelihood_summary(likelihood: dict) -> str:
     )
 
 
-def run_summary(cfg: DictConfig, metrics: dict) -> str:
+def run_summary(cfg: DictConfig, metrics: dict, overrides: Sequence[str] = ()) -> str:
+    """The lines a single run ends with; ``overrides`` are its command line's (the commands it suggests keep them)."""
     out = run_dir(cfg)
     rows = rundir.read_predictions(out / rundir.PREDICTIONS)
     kept = [row["kept_ratio"] for row in rows if row.get("kept_ratio") is not None]
@@ -75,7 +74,7 @@ def run_summary(cfg: DictConfig, metrics: dict) -> str:
             f"{len(failed)} of {len(rows)} samples failed and count as wrong answers; the first: {failed[0]} "
             "(rerun with retry_errors=true to answer them again)"
         )
-    overrides = _command_line_overrides()
+    overrides = _last_of_each_key(overrides)
     others = [override for override in overrides if not override.startswith(PRESS_OVERRIDES)]
     if method != "no_press":
         found = uncompressed_score(cfg, {row["id"] for row in rows})

@@ -10,13 +10,10 @@ package, or an unknown mode, is refused before the model loads.
 import logging
 import random
 from collections.abc import Sequence
-from contextlib import suppress
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from evaluate.score.bootstrap import sample_scores
@@ -39,14 +36,6 @@ def _import_wandb(mode: str):
             f"wandb.mode={mode} needs the wandb package: pip install 'pressbench[wandb]' (or wandb.mode=disabled)"
         ) from None
     return wandb
-
-
-def sweep_group() -> str | None:
-    """The folder name of the current Hydra multirun, shared by all its jobs; None outside a multirun."""
-    with suppress(Exception):  # Hydra internals differ across launchers; no group is better than a crash
-        if HydraConfig.initialized() and (hydra_cfg := HydraConfig.get()).mode == RunMode.MULTIRUN:
-            return f"sweep-{Path(hydra_cfg.sweep.dir).name}"
-    return None
 
 
 class Tracker:
@@ -78,7 +67,7 @@ class Tracker:
             mode=mode,
             project=settings.get("project") or "pressbench",
             entity=settings.get("entity"),
-            group=settings.get("group") or sweep_group(),
+            group=settings.get("group"),
             job_type=cfg.benchmark.name,
             name=run_name,
             tags=list(settings.get("tags") or []),

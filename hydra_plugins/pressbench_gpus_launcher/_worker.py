@@ -16,11 +16,8 @@ from pathlib import Path
 def main(task_path: str, result_path: str) -> int:
     with open(task_path, "rb") as handle:
         task = pickle.load(handle)
-    from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
-    # Code that asks Hydra about the sweep (wandb groups runs by the sweep folder) sees the parent's sweep.
-    HydraConfig.instance().set_config(task["hydra_config"])
     try:
         from evaluate.run.entry import run_sweep
 

@@ -30,6 +30,8 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from hydra_plugins.pressbench_sweep_launcher.sweep_launcher import group_by_sweep
+
 log = logging.getLogger(__name__)
 
 WORKER_MODULE = "hydra_plugins.pressbench_gpus_launcher._worker"
@@ -185,6 +187,7 @@ class GpusLauncher(Launcher):
             task_config = copy.deepcopy(sweep_config)
             with read_write(task_config), open_dict(task_config):
                 del task_config["hydra"]
+                group_by_sweep(task_config, sweep_config.hydra.sweep.dir)
             resolved = OmegaConf.to_container(task_config, resolve=True)
             hydra_config = copy.deepcopy(HydraConfig.instance().cfg)
         finally:

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
-from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, setup_globals
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
@@ -29,6 +28,13 @@ class SharedPrefillLauncherConf:
 ConfigStore.instance().store(
     group="hydra/launcher", name="shared_prefill", node=SharedPrefillLauncherConf, provider="pressbench"
 )
+
+
+def group_by_sweep(task_config: DictConfig, sweep_dir: str) -> None:
+    """The runs of one multirun share a wandb group named after its folder, unless ``wandb.group`` names one: set
+    in each job's config (``wandb`` is not a result key), so that no run reads Hydra's global state for it."""
+    if task_config.get("wandb") is not None and task_config.wandb.get("group") is None:
+        task_config.wandb.group = f"sweep-{Path(str(sweep_dir)).name}"
 
 
 class SharedPrefillLauncher(Launcher):
@@ -59,11 +65,9 @@ class SharedPrefillLauncher(Launcher):
             task_config = sweep_config.copy()
             with open_dict(task_config):
                 del task_config["hydra"]
+                group_by_sweep(task_config, sweep_config.hydra.sweep.dir)
             sweep_configs.append(sweep_config)
             task_configs.append(task_config)
-        if sweep_configs:
-            # Jobs read the sweep's Hydra settings (e.g. the wandb group is the sweep folder) as they would per job.
-            HydraConfig.instance().set_config(sweep_configs[0])
         # Every point is checked before any runs: one bad point refuses the sweep in one line, as a single run,
         # and leaves no sweep folder behind.
         choices = [sweep_config.hydra.runtime.choices for sweep_config in sweep_configs]
