@@ -96,17 +96,22 @@ def checked(cfgs: Sequence[DictConfig], single: bool = False) -> list[PointSpec]
 
 
 def run_sweep(cfgs: Sequence[DictConfig], single: bool = False) -> list[dict | None]:
-    """Run (or resume) every configuration; return their metrics in order (None for a point left to another).
+    """Run (or resume) every configuration, each checked first (:func:`checked`); see :func:`run_specs`."""
+    return run_specs(checked(cfgs, single), single)
 
-    Every configuration is checked before anything loads. A point whose run directory another process holds is
-    left to it (or waited for, with ``wait_for_locks=true``) and listed at the end; a ``single`` run refuses it.
-    Points on the same model share one model load; among those, the ones whose press acts only after attention
-    share each context's prefill. SIGTERM stops it as Ctrl-C does, each run directory saying so; a failure of the
-    machine that left samples unanswered raises :class:`RunIncomplete` once every point has closed.
+
+def run_specs(specs: Sequence[PointSpec], single: bool = False) -> list[dict | None]:
+    """Run (or resume) every checked point; return their metrics in order (None for a point left to another).
+
+    A launcher that checked its points (:func:`checked`) hands their specs here, so nothing is checked twice. A
+    point whose run directory another process holds is left to it (or waited for, with ``wait_for_locks=true``)
+    and listed at the end; a ``single`` run refuses it. Points on the same model share one model load; among
+    those, the ones whose press acts only after attention share each context's prefill. SIGTERM stops it as Ctrl-C
+    does, each run directory saying so; a failure of the machine that left samples unanswered raises
+    :class:`RunIncomplete` once every point has closed.
     """
     # Our own bars track the runs; per-tensor loading bars would bury them.
     transformers_logging.disable_progress_bar()
-    specs = checked(cfgs, single)
     directories = [spec.out for spec in specs]
     models = Models()
     metrics: dict[int, dict] = {}
@@ -149,7 +154,7 @@ def run_sweep(cfgs: Sequence[DictConfig], single: bool = False) -> list[dict | N
                     folder.rmdir()
         raise
     if skipped:
-        print(f"{len(skipped)} of {len(cfgs)} points were left to the processes holding them; rerun to resume them:")
+        print(f"{len(skipped)} of {len(specs)} points were left to the processes holding them; rerun to resume them:")
         print("\n".join(f"  {point}" for point in skipped))
     if incomplete:
         raise RunIncomplete(
@@ -157,7 +162,7 @@ def run_sweep(cfgs: Sequence[DictConfig], single: bool = False) -> list[dict | N
             "what ran short (memory, disk, or lower decode_batch_size / decode_memory) and rerun the same command "
             "to answer them"
         )
-    return [metrics.get(index) for index in range(len(cfgs))]
+    return [metrics.get(index) for index in range(len(specs))]
 
 
 def command(

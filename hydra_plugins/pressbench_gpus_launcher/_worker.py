@@ -1,6 +1,6 @@
 """One worker of the ``gpus`` launcher: ``python -m hydra_plugins.pressbench_gpus_launcher._worker TASK RESULT``.
 
-TASK is the pickle the launcher wrote (the sweep's Hydra config and this worker's resolved job configs); RESULT
+TASK is the pickle the launcher wrote (this worker's points, checked and resolved by the launcher); RESULT
 receives ``{"metrics": [...]}`` in job order, or ``{"error": "..."}``. The launcher has already set
 CUDA_VISIBLE_DEVICES to this worker's GPU. (Hydra's plugin scan skips modules whose name starts with ``_``.)
 """
@@ -16,12 +16,11 @@ from pathlib import Path
 def main(task_path: str, result_path: str) -> int:
     with open(task_path, "rb") as handle:
         task = pickle.load(handle)
-    from omegaconf import OmegaConf
 
     try:
-        from evaluate.run.entry import run_sweep
+        from evaluate.run.entry import run_specs
 
-        result = {"metrics": run_sweep([OmegaConf.create(config) for config in task["configs"]])}
+        result = {"metrics": run_specs(task["specs"])}
     except Exception as error:
         traceback.print_exc()
         result = {"error": f"{type(error).__name__}: {error}"}

@@ -125,7 +125,7 @@ class GpusLauncher(Launcher):
         from evaluate.errors import ConfigError, refuse
         from evaluate.run.entry import checked
         from evaluate.rundir import remove_created
-        from evaluate.spec.config import model_key, validate_choices
+        from evaluate.spec.config import validate_choices
 
         setup_globals()
         assert self.config is not None and self.hydra_context is not None
@@ -143,19 +143,20 @@ class GpusLauncher(Launcher):
         try:  # every point checked before any worker starts: one bad point refuses the sweep in one line
             for job in jobs:
                 validate_choices(job.sweep_config.hydra.runtime.choices)
-            checked([OmegaConf.create(job.resolved) for job in jobs])
+            specs = checked([OmegaConf.create(job.resolved) for job in jobs])
         except ConfigError as error:
             remove_created(self.created)  # and leaves no sweep folder behind
             refuse(error)
         log_dir.mkdir(parents=True, exist_ok=True)
         # The sweep's own grouping: jobs of one model key load it once on their worker.
-        shares = partition([model_key(job.task_config) for job in jobs], max(1, len(devices)))
+        shares = partition([spec.model_key for spec in specs], max(1, len(devices)))
         with tempfile.TemporaryDirectory(prefix="pressbench-gpus-") as scratch:
             workers = []
             try:
                 for number, share in enumerate(shares):
                     device = devices[number] if devices else None
-                    workers.append(self._start(device, [jobs[p] for p in share], Path(scratch), log_dir))
+                    share_jobs, share_specs = [jobs[p] for p in share], [specs[p] for p in share]
+                    workers.append(self._start(device, share_jobs, share_specs, Path(scratch), log_dir))
                 _wait(workers)
             except BaseException:
                 _stop(workers)
@@ -195,11 +196,11 @@ class GpusLauncher(Launcher):
         log.info("\t#%d : %s", index, " ".join(filter_overrides(overrides)))
         return _Job(index, sweep_config, task_config, hydra_config, resolved)
 
-    def _start(self, device: str | None, jobs: list[_Job], scratch: Path, log_dir: Path) -> _Worker:
+    def _start(self, device: str | None, jobs: list[_Job], specs: list, scratch: Path, log_dir: Path) -> _Worker:
         label = device or "cpu"
         task_path, result_path = scratch / f"{label}.task", scratch / f"{label}.result.json"
         with task_path.open("wb") as handle:
-            pickle.dump({"hydra_config": jobs[0].sweep_config, "configs": [job.resolved for job in jobs]}, handle)
+            pickle.dump({"specs": specs}, handle)  # checked here once: the worker runs them as they are
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if device is not None:
             env["CUDA_VISIBLE_DEVICES"] = device
