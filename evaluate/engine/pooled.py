@@ -21,6 +21,7 @@ from evaluate.engine.pipeline import chat_template_enabled, make_pipeline, pipel
 from evaluate.engine.prefill import PrefillCapture, QuestionIds, RandomStream, clear_masks, compressed_cache
 from evaluate.engine.requests import AnsweredGroup, DecodeRequest, Prefilled, RowCost, hidden_keys
 from evaluate.engine.scheduler import DecodingPool
+from evaluate.engine.score_memo import ScoreMemo
 from evaluate.engine.teacher_forcing import likelihood_fields, reference_answer_ids, teacher_forced
 from evaluate.spec.plan import Plan
 
@@ -164,6 +165,8 @@ def answer_pooled(
             continue
         prefill_share = (time.perf_counter() - start) / len(members)
         length = context_ids.shape[1]
+        # Scores every point of this context shares; the first point to ask pays for them.
+        scores = ScoreMemo(capture.captured)
         for point, plan, group in members:
             while pool.busy() and not pool.has_room():
                 yield from step()
@@ -171,7 +174,7 @@ def answer_pooled(
             try:
                 ids = question_ids(group, plan.cfg.query_aware)
                 with torch.no_grad(), streams[point].active():
-                    cache = compressed_cache(plan.press, layers, capture.captured)
+                    cache = compressed_cache(plan.press, layers, capture.captured, scores)
                 kept_ratio = measure_kept_ratio(model, cache, length)
                 held, kept = kv_bytes(model, cache)
                 # AdaKV's masks belong to this cache alone: they travel with its rows, and leave the modules.

@@ -6,19 +6,38 @@ press at all), the prefill forward pass does not depend on the press, the scorer
 compresses a layer's cache after that layer has run, and later layers read hidden states, not the compressed cache.
 So the prefill runs once per context with hooks that keep what each layer's compression needs (its input hidden
 states, keys, values and forward arguments such as the position embeddings), and every point builds its compressed
-cache from that by calling its press's own ``compress``.
+cache from that by calling its press's own ``compress`` (or its exact stand-in), the work no point changes (inner
+scores) done once per context.
 """
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
-from kvpress import BasePress
+from kvpress import (
+    AdaKVPress,
+    BasePress,
+    ChunkKVPress,
+    ExpectedAttentionPress,
+    KeyDiffPress,
+    KnormPress,
+    RandomPress,
+    SnapKVPress,
+    StreamingLLMPress,
+    TOVAPress,
+)
+from kvpress import EntropyGatedChunkKVPress as UpstreamEntropyGatedChunkKVPress
 from kvpress.utils import extract_keys_and_values
 from transformers import DynamicCache
 
 from evaluate.benchmarks import Sample
+from evaluate.engine.exact_compress import compress
 from evaluate.engine.pipeline import chat_template_enabled
+from evaluate.engine.score_memo import ScoreMemo
+from evaluate.spec.press_traits import members
+from presses.chunkkv_exact import ExactChunkKVPress
+from presses.eg_chunkkv import EntropyGatedChunkKVPress
+from scorers.dropkv import DropKVPress
 
 
 class PrefillCapture:
@@ -46,17 +65,54 @@ def clear_masks(layers) -> None:
         layer.self_attn.masked_key_indices = None
 
 
-def compressed_cache(press: BasePress | None, layers, captured: list[tuple]) -> DynamicCache:
-    """The cache a prefill under ``press`` would have left, built from the captured layer inputs."""
+# Presses whose ``compress`` writes into none of the tensors it is given, read in kvpress 0.5.5 (and PressBench's
+# own): they select with gather or index_select, which copy, or leave keys and values as they are (AdaKV masks,
+# zero ratios). ThinK zeroes pruned key channels in place; it and any class not listed get copies.
+READ_ONLY_PRESSES: frozenset[type[BasePress]] = frozenset(
+    {
+        AdaKVPress,
+        ChunkKVPress,
+        DropKVPress,
+        EntropyGatedChunkKVPress,
+        ExactChunkKVPress,
+        ExpectedAttentionPress,
+        KeyDiffPress,
+        KnormPress,
+        RandomPress,
+        SnapKVPress,
+        StreamingLLMPress,
+        TOVAPress,
+        UpstreamEntropyGatedChunkKVPress,
+    }
+)
+
+
+def needs_copy(press: BasePress | None) -> bool:
+    """Whether ``press`` must compress copies of the captured keys and values, which serve every other point:
+    unless it and every press it holds are known to write into nothing they are given."""
+    return any(type(member) not in READ_ONLY_PRESSES for member in members(press))
+
+
+def compressed_cache(
+    press: BasePress | None, layers, captured: list[tuple], scores: ScoreMemo | None = None
+) -> DynamicCache:
+    """The cache a prefill under ``press`` would have left, built from the captured layer inputs.
+
+    Each layer is compressed by the press's own ``compress`` or its exact stand-in (evaluate/engine/exact_compress.py),
+    on the captured tensors themselves unless the press needs copies (:func:`needs_copy`); with ``scores``, the
+    context's memo, shared scorers compute their scores once for every point (evaluate/engine/score_memo.py).
+    """
     cache = DynamicCache()
-    for layer_idx, (layer, (hidden_states, keys, values, kwargs)) in enumerate(zip(layers, captured, strict=True)):
-        # AdaKV leaves its masks on the module; a fresh prefill clears them, so must a rebuilt cache.
-        layer.self_attn.masked_key_indices = None
-        if press is not None:
-            # Copies: some presses write into the keys they are given (ThinK zeroes pruned channels in place), and
-            # the captured keys serve every other point of the sweep.
-            keys, values = press.compress(layer.self_attn, hidden_states, keys.clone(), values.clone(), None, kwargs)
-        cache.update(keys, values, layer_idx)
+    copy = needs_copy(press)
+    with scores.sharing(press) if scores is not None else nullcontext():
+        for layer_idx, (layer, (hidden_states, keys, values, kwargs)) in enumerate(zip(layers, captured, strict=True)):
+            # AdaKV leaves its masks on the module; a fresh prefill clears them, so must a rebuilt cache.
+            layer.self_attn.masked_key_indices = None
+            if press is not None:
+                if copy:
+                    keys, values = keys.clone(), values.clone()
+                keys, values = compress(press, layer.self_attn, hidden_states, keys, values, kwargs)
+            cache.update(keys, values, layer_idx)
     return cache
 
 
