@@ -156,6 +156,9 @@ def answer_pooled(
             full_cache = DynamicCache()
             with torch.no_grad(), capture:
                 language_model(input_ids=context_ids, past_key_values=full_cache)
+            # The prefill's time stops here: the references' passes are the likelihood's (reference_share), and
+            # counting them in both would make a run's stages add up to more than it took.
+            prefill_share = (time.perf_counter() - start) / len(members)
             question_ids = QuestionIds(pipe, tokenizer, text, answer_prefix, budget, chat_template)
             references, reference_share = _references(members, model, tokenizer, full_cache, question_ids, context_ids)
             del full_cache
@@ -163,7 +166,6 @@ def answer_pooled(
             for point, _, group in members:
                 yield _failed(point, group, failure, Cost(prefill_seconds=(time.perf_counter() - start) / len(members)))
             continue
-        prefill_share = (time.perf_counter() - start) / len(members)
         length = context_ids.shape[1]
         # Scores every point of this context shares; the first point to ask pays for them.
         scores = ScoreMemo(capture.captured)
