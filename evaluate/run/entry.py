@@ -25,7 +25,7 @@ from evaluate.engine.requests import AnsweredGroup
 from evaluate.engine.scheduler import decode_memory_bytes
 from evaluate.errors import ConfigError
 from evaluate.models.loading import Models, warn_if_unpatched
-from evaluate.run.recorder import Recorder
+from evaluate.run.recorder import AnsweringClock, Recorder
 from evaluate.spec.config import described_press, refuse_unread_knobs, validate
 from evaluate.spec.plan import Plan, make_plan
 from evaluate.spec.point import PointSpec, resolve
@@ -167,10 +167,12 @@ def _run_on_one_model(specs: list[PointSpec], models: Models) -> list[Recorder]:
 
 
 def _record(answered: Iterator[AnsweredGroup], recorders: list[Recorder], label: str) -> None:
-    """Hand each group the engine finished to its point's recorder, with one progress bar over the points."""
+    """Hand each group the engine finished to its point's recorder, with one progress bar over the points; the
+    loop's elapsed time is the points' wall time, shared by the clock."""
     total = sum(len(recorder.plan.samples) for recorder in recorders)
     done = sum(len(recorder.done_ids) for recorder in recorders)
-    with tqdm(total=total, initial=done, unit="sample", desc=label, dynamic_ncols=True) as progress:
+    progress = tqdm(total=total, initial=done, unit="sample", desc=label, dynamic_ncols=True)
+    with progress, AnsweringClock([recorder.stats for recorder in recorders]):
         for result in answered:
             recorders[result.point].record(result)
             progress.update(len(result.group))
