@@ -104,12 +104,16 @@ def teacher_forced(
     log_probs: list[torch.Tensor | None] = [None] * len(questions)
     per_pass = max(1, PASS_BYTES // rows[0].nbytes) if rows else 1
     passes = pool.forward_passes
-    for first in range(0, len(rows), per_pass):
-        for row in rows[first : first + per_pass]:
-            pool.submit(row)
-        while pool.busy():
-            for row in pool.step():
-                log_probs[row.tag] = row.output
+    try:
+        for first in range(0, len(rows), per_pass):
+            for row in rows[first : first + per_pass]:
+                pool.submit(row)
+            while pool.busy():
+                for row in pool.step():
+                    log_probs[row.tag] = row.output
+    except BaseException:
+        pool.abandon()  # a failed pass leaves its rows in their slots: the next call starts from an empty pool
+        raise
     return log_probs, pool.forward_passes - passes
 
 
