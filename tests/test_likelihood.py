@@ -2,6 +2,7 @@
 independently."""
 
 import logging
+import time
 
 import pytest
 import torch
@@ -9,7 +10,7 @@ from omegaconf import open_dict
 
 from evaluate import rundir
 from evaluate.engine.pipeline import make_pipeline
-from evaluate.engine.teacher_forcing import answer_text
+from evaluate.engine.teacher_forcing import answer_text, teacher_forced
 from evaluate.models.sources import TinyRandomModel
 from evaluate.run.entry import run, run_sweep
 from evaluate.score.likelihood import FIELDS, likelihood_metrics
@@ -182,7 +183,7 @@ def test_a_likelihood_failure_fails_its_samples_by_name_and_the_run_goes_on(tmp_
     def broken(*args, **kwargs):
         raise RuntimeError("teacher forcing is broken")
 
-    monkeypatch.setattr(f"evaluate.{'pooled' if path == 'pool' else 'runner'}.teacher_forced", broken)
+    monkeypatch.setattr(f"evaluate.engine.{'pooled' if path == 'pool' else 'pipeline'}.teacher_forced", broken)
     cfg = config(
         tmp_path, "press=topk", "scorer=snapkv", "cr=0.5", *(["decode_batch_size=1"] if path == "pipeline" else [])
     )
@@ -191,3 +192,26 @@ def test_a_likelihood_failure_fails_its_samples_by_name_and_the_run_goes_on(tmp_
     assert rows and all(row["error"] == "RuntimeError: teacher forcing is broken" for row in rows)
     assert metrics["n_errors"] == len(rows)
     assert rundir.read_json(run_dir(cfg) / rundir.RUN)["status"] == "complete_with_errors"
+
+
+def test_each_second_of_the_likelihood_is_counted_in_one_stage(tmp_path, monkeypatch):
+    """The uncompressed references are teacher-forced right after the shared prefill: their time is the
+    likelihood's, not the prefill's too; and the run's wall time is the time it was answered, not a sum of stages."""
+
+    def slow_references(pool, cache, hidden, *args):
+        if hidden == ():  # the uncompressed cache's rows (a compressed cache's carry one entry per layer)
+            time.sleep(2.0)
+        return teacher_forced(pool, cache, hidden, *args)
+
+    monkeypatch.setattr("evaluate.engine.pooled.teacher_forced", slow_references)
+    cfg = config(tmp_path, "press=topk", "scorer=snapkv", "cr=0.5")
+    started = time.perf_counter()
+    run(cfg)
+    elapsed = time.perf_counter() - started
+    record = rundir.read_json(run_dir(cfg) / rundir.RUN)
+    # 3 contexts: 6 s slept in the references, all of it likelihood (the three prefills take well under that).
+    assert record["likelihood_seconds"] >= 6.0
+    assert record["prefill_seconds"] < 6.0
+    stages = sum(record[f"{stage}_seconds"] for stage in ("prefill", "compress", "decode", "likelihood"))
+    assert stages <= record["wall_seconds"] + 0.01  # run.json rounds each to the millisecond
+    assert record["wall_seconds"] <= elapsed

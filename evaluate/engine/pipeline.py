@@ -15,7 +15,9 @@ from transformers import DynamicCache
 from evaluate.benchmarks import Sample
 from evaluate.engine.cost import Cost, kv_bytes, measure_kept_ratio
 from evaluate.engine.requests import AnsweredGroup, hidden_keys
+from evaluate.engine.scheduler import DecodingPool
 from evaluate.engine.teacher_forcing import (
+    forcing_pool,
     likelihood_fields,
     reference_answer_ids,
     reference_log_probs,
@@ -160,6 +162,7 @@ def answer_with_pipeline(plan: Plan, model, tokenizer, budget: int) -> Iterator[
     # kvpress's runner seeds once before its run: a press drawing random numbers (RandomPress, Compactor's sketch)
     # draws the same ones here.
     torch.manual_seed(plan.cfg.seed)
+    forcing = forcing_pool(model) if plan.likelihood else None
     try:
         for group in plan.groups():
             context = plan.context(group[0], tokenizer, budget)
@@ -204,7 +207,7 @@ def answer_with_pipeline(plan: Plan, model, tokenizer, budget: int) -> Iterator[
                 try:
                     with chat_template_enabled(tokenizer, group[0].chat_template):
                         inputs = pipe.preprocess(text, questions, group[0].answer_prefix, max_context_length)
-                    result.likelihood = pipeline_likelihood(model, plan, tokenizer, group, cache, inputs)
+                    result.likelihood = pipeline_likelihood(forcing, model, plan, tokenizer, group, cache, inputs)
                 except Exception as failure:  # as on the pool's path: the group fails, named, and the run goes on
                     result.failure = failure
                 result.cost.likelihood_seconds = time.perf_counter() - start
@@ -215,16 +218,17 @@ def answer_with_pipeline(plan: Plan, model, tokenizer, budget: int) -> Iterator[
 
 
 def pipeline_likelihood(
-    model, plan: Plan, tokenizer, group: list[Sample], cache: DynamicCache, inputs: dict
+    pool: DecodingPool, model, plan: Plan, tokenizer, group: list[Sample], cache: DynamicCache, inputs: dict
 ) -> list[dict]:
     """Each sample's likelihood fields on the cache kvpress's pipeline left (AdaKV's masks are still on the
-    modules), against one more prefill of the context without the press."""
+    modules), against one more prefill of the context without the press; teacher-forced by the run's ``pool``
+    (:func:`forcing_pool`) in the passes the pooled path makes for the same group."""
     context_ids = inputs["context_ids"].to(model.device)
     questions = inputs["questions_ids"]
     answers = [reference_answer_ids(plan.benchmark, sample, tokenizer) for sample in group]
     hidden = hidden_keys([layer.self_attn for layer in model.model.layers])
-    compressed, _ = teacher_forced(model, cache, hidden, questions, answers, context_ids.shape[1])
-    reference, _ = reference_log_probs(model.model, model, context_ids, questions, answers)
+    compressed, _ = teacher_forced(pool, cache, hidden, questions, answers, context_ids.shape[1])
+    reference, _ = reference_log_probs(pool, model.model, context_ids, questions, answers)
     return [
         {} if answer is None else likelihood_fields(mine, theirs, answer)
         for mine, theirs, answer in zip(compressed, reference, answers, strict=True)

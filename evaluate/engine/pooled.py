@@ -22,7 +22,7 @@ from evaluate.engine.prefill import PrefillCapture, QuestionIds, RandomStream, c
 from evaluate.engine.requests import AnsweredGroup, DecodeRequest, Prefilled, RowCost, hidden_keys
 from evaluate.engine.scheduler import DecodingPool
 from evaluate.engine.score_memo import ScoreMemo
-from evaluate.engine.teacher_forcing import likelihood_fields, reference_answer_ids, teacher_forced
+from evaluate.engine.teacher_forcing import forcing_pool, likelihood_fields, reference_answer_ids, teacher_forced
 from evaluate.spec.plan import Plan
 
 
@@ -55,45 +55,52 @@ def _work_key(plan: Plan, group: list[Sample], tokenizer, max_context: int) -> t
     return text, sample.answer_prefix, sample.max_new_tokens, sample.chat_template, budget
 
 
+def _reference_key(plan: Plan, group: list[Sample]) -> tuple:
+    """What a group's uncompressed log-probabilities depend on, beside its context: its questions and answers."""
+    return plan.cfg.query_aware, tuple(sample.id for sample in group)
+
+
 def _references(
-    members, model, tokenizer, full_cache: DynamicCache, question_ids: QuestionIds, context_ids: torch.Tensor
-) -> tuple[dict, Cost]:
-    """The uncompressed log-probabilities of each sample's reference answer (by sample id) for the points of one
-    context that want the likelihood fields, from the shared prefill's cache; and each such point's share of their
-    cost."""
-    wanting = [(plan, group) for _, plan, group in members if plan.likelihood]
-    references: dict[str, torch.Tensor] = {}
-    start = time.perf_counter()
-    passes = 0
-    for plan, group in wanting:
-        todo = [sample for sample in group if sample.id not in references]
-        if not todo:
+    members, pool: DecodingPool, tokenizer, full_cache: DynamicCache, question_ids: QuestionIds, context_length: int
+) -> dict[tuple, tuple[list, Cost]]:
+    """The uncompressed log-probabilities of the reference answers of each distinct group (:func:`_reference_key`)
+    that the context's points teacher-force, from the shared prefill's cache, with each such point's share of their
+    cost.
+
+    Per group, not per sample: a group's rows share one pass (:func:`teacher_forced`), and a point run alone
+    teacher-forces its own group, so every point must get the log-probabilities of its own group's pass."""
+    wanting = [_reference_key(plan, group) for _, plan, group in members if plan.likelihood]
+    references = {}
+    for _, plan, group in members:
+        key = _reference_key(plan, group)
+        if not plan.likelihood or key in references:
             continue
-        answers = [reference_answer_ids(plan.benchmark, sample, tokenizer) for sample in todo]
-        asked = question_ids(todo, plan.cfg.query_aware)
-        log_probs, made = teacher_forced(model, full_cache, (), asked, answers, context_ids.shape[1])
-        references.update(zip((sample.id for sample in todo), log_probs, strict=True))
-        passes += made
-    if not wanting:
-        return references, Cost()
-    share = Cost(likelihood_seconds=(time.perf_counter() - start) / len(wanting), forward_passes=passes / len(wanting))
-    return references, share
+        start = time.perf_counter()
+        answers = [reference_answer_ids(plan.benchmark, sample, tokenizer) for sample in group]
+        asked = question_ids(group, plan.cfg.query_aware)
+        log_probs, passes = teacher_forced(pool, full_cache, (), asked, answers, context_length)
+        sharing = wanting.count(key)
+        share = Cost(likelihood_seconds=(time.perf_counter() - start) / sharing, forward_passes=passes / sharing)
+        references[key] = log_probs, share
+    return references
 
 
 def _likelihood(
-    plan: Plan, group: list[Sample], model, tokenizer, cache, hidden, ids, context_length: int, references: dict
+    plan: Plan, group: list[Sample], pool: DecodingPool, tokenizer, cache, hidden, ids, context_length, references
 ) -> tuple[list[dict] | None, Cost]:
-    """A point's likelihood fields on one context (None when it has none), against the context's references."""
+    """A point's likelihood fields on one context (None when it has none), against its group's references; the
+    cost is its teacher-forced pass and its share of the references'."""
     if not plan.likelihood:
         return None, Cost()
     start = time.perf_counter()
     answer_ids = [reference_answer_ids(plan.benchmark, sample, tokenizer) for sample in group]
-    compressed, passes = teacher_forced(model, cache, hidden, ids, answer_ids, context_length)
+    compressed, passes = teacher_forced(pool, cache, hidden, ids, answer_ids, context_length)
+    uncompressed, reference_share = references[_reference_key(plan, group)]
     fields = [
-        {} if mine is None else likelihood_fields(mine, references[sample.id], answer)
-        for sample, mine, answer in zip(group, compressed, answer_ids, strict=True)
+        {} if mine is None else likelihood_fields(mine, theirs, answer)
+        for mine, theirs, answer in zip(compressed, uncompressed, answer_ids, strict=True)
     ]
-    return fields, Cost(likelihood_seconds=time.perf_counter() - start, forward_passes=passes)
+    return fields, reference_share + Cost(likelihood_seconds=time.perf_counter() - start, forward_passes=passes)
 
 
 def _failed(point: int, group: list[Sample], failure: Exception, cost: Cost) -> AnsweredGroup:
@@ -125,6 +132,7 @@ def answer_pooled(
     streams = [RandomStream(plan.cfg.seed, model.device) for plan in plans]
 
     pool = DecodingPool(model, batch_size, memory_bytes)
+    forcing = forcing_pool(model)
     outstanding: list[GroupAnswers] = []
 
     def step() -> list[AnsweredGroup]:
@@ -156,17 +164,16 @@ def answer_pooled(
             full_cache = DynamicCache()
             with torch.no_grad(), capture:
                 language_model(input_ids=context_ids, past_key_values=full_cache)
-            # The prefill's time stops here: the references' passes are the likelihood's (reference_share), and
-            # counting them in both would make a run's stages add up to more than it took.
-            prefill_share = (time.perf_counter() - start) / len(members)
             question_ids = QuestionIds(pipe, tokenizer, text, answer_prefix, budget, chat_template)
-            references, reference_share = _references(members, model, tokenizer, full_cache, question_ids, context_ids)
+            prefill_share = (time.perf_counter() - start) / len(members)
+            length = context_ids.shape[1]
+            # Timed apart from the prefill: each second of a run's cost is in one stage only.
+            references = _references(members, forcing, tokenizer, full_cache, question_ids, length)
             del full_cache
         except Exception as failure:
             for point, _, group in members:
                 yield _failed(point, group, failure, Cost(prefill_seconds=(time.perf_counter() - start) / len(members)))
             continue
-        length = context_ids.shape[1]
         # Scores every point of this context shares; the first point to ask pays for them.
         scores = ScoreMemo(capture.captured)
         for point, plan, group in members:
@@ -183,7 +190,7 @@ def answer_pooled(
                 hidden = hidden_keys([layer.self_attn for layer in layers])
                 compress_seconds = time.perf_counter() - point_start
                 likelihood, likelihood_cost = _likelihood(
-                    plan, group, model, tokenizer, cache, hidden, ids, length, references
+                    plan, group, forcing, tokenizer, cache, hidden, ids, length, references
                 )
             except Exception as failure:
                 elapsed = time.perf_counter() - point_start
@@ -199,8 +206,7 @@ def answer_pooled(
                 kv_bytes_held=held,
                 kv_bytes_kept=kept,
             )
-            if plan.likelihood:
-                cost = cost + reference_share + likelihood_cost
+            cost = cost + likelihood_cost
             result = AnsweredGroup(point, group, [None] * len(group), kept_ratio, length, cost, likelihood)
             if not plan.cfg.generate:
                 yield result

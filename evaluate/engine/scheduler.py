@@ -140,7 +140,7 @@ class DecodingPool:
         """A new slot buffer of ``slots`` rows of ``capacity`` positions, keeping the rows decoding now."""
         occupied = [slot for slot, row in enumerate(self.rows) if row is not None]
         cache = SlotCache(self.model, slots, capacity)
-        if self.cache is not None:
+        if occupied:  # an idle pool (teacher forcing's, between groups) has nothing to keep
             cache.copy_from(self.cache, occupied)
         else:
             for slot in range(slots):

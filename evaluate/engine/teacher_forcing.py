@@ -13,14 +13,15 @@ question and the answer prefix, in one forward pass over the cache, at the posit
 These are what llama.cpp's ``perplexity --kl-divergence`` reports for quantization, per sample. A teacher-forced
 pass leaves the cache as it found it, as kvpress's pipeline does after each answer.
 
-Where they come from: the uncompressed distributions once per context and question, on the context's
+Where they come from: the uncompressed distributions once per context and group of questions, on the context's
 uncompressed cache (in a sweep that cache is the shared prefill; on kvpress's pipeline path it costs one more
 prefill per context, :func:`reference_log_probs`); the compressed ones once per point, on the cache its press left.
-Both are teacher-forced rows of the decoding pool's machinery (evaluate/engine/scheduler.py), one forward pass
-each, with AdaKV's masks carried as in greedy decoding (:func:`teacher_forced` says why one row at a time).
-Presses that compress while decoding (DecodingPress) have no fixed cache to teacher-force, and get no fields
-(``press_traits.why_not_teacher_forced``). ``likelihood=false`` leaves them out; ``generate=false`` computes them
-alone, without greedy decoding (the rows' ``prediction`` is null and the run has no accuracy score).
+Both are teacher-forced by the decoding pool's machinery (evaluate/engine/scheduler.py), a group's rows on one
+cache batched in one forward pass of fixed composition, over one slot buffer that every call reuses
+(:func:`forcing_pool`, :func:`teacher_forced` says why the composition is fixed), with AdaKV's masks carried as in
+greedy decoding. Presses that compress while decoding (DecodingPress) have no fixed cache to teacher-force, and get
+no fields (``press_traits.why_not_teacher_forced``). ``likelihood=false`` leaves them out; ``generate=false``
+computes them alone, without greedy decoding (the rows' ``prediction`` is null and the run has no accuracy score).
 """
 
 import torch
@@ -47,9 +48,21 @@ def reference_answer_ids(benchmark, sample, tokenizer) -> torch.Tensor | None:
     return answer_ids(tokenizer, benchmark.reference_answer(sample), sample.answer_prefix)
 
 
+# The slot bytes one forward pass of teacher forcing may fill: a group's rows are batched up to this, so a group of
+# many questions on a long context does not hold a copy of the cache per question at once.
+PASS_BYTES = 2**30
+
+
+def forcing_pool(model) -> DecodingPool:
+    """The pool that teacher-forces a run's rows: one per run, so that its slot buffer is allocated once and then
+    reused (allocating and zero-filling a fresh buffer per row was 26 % of a row's 446 ms on the CPU, issue 28).
+    It admits every row :func:`teacher_forced` submits at once, which decides alone how rows share a pass."""
+    return DecodingPool(model, batch_size=2**31, memory_bytes=2**62)
+
+
 def reference_log_probs(
+    pool: DecodingPool,
     language_model,
-    model,
     context_ids: torch.Tensor,
     questions: list[torch.Tensor],
     answers: list[torch.Tensor | None],
@@ -59,12 +72,12 @@ def reference_log_probs(
     cache = DynamicCache()
     with torch.no_grad():
         language_model(input_ids=context_ids, past_key_values=cache)
-    log_probs, passes = teacher_forced(model, cache, (), questions, answers, context_ids.shape[1])
+    log_probs, passes = teacher_forced(pool, cache, (), questions, answers, context_ids.shape[1])
     return log_probs, passes + 1
 
 
 def teacher_forced(
-    model,
+    pool: DecodingPool,
     cache: DynamicCache,
     hidden: tuple,
     questions: list[torch.Tensor],
@@ -72,23 +85,36 @@ def teacher_forced(
     context_length: int,
 ) -> tuple[list[torch.Tensor | None], int]:
     """Log-probabilities (float32, [answer tokens, vocabulary]) of each answer's tokens after its question on
-    ``cache`` (with the keys ``hidden`` masks hidden), None where there is no answer.
+    ``cache`` (with the keys ``hidden`` masks hidden), None where there is no answer; also the forward passes made.
 
-    Each row is teacher-forced by the decoding pool's machinery (which carries AdaKV's masks) in a forward pass of
-    its own: batched with other rows, its float32 sums would be rounded in another order, so its fields would
-    depend on what else the run holds. Alone, they depend on its cache, question and answer only, and a sweep, a
-    separate run, a resumed or repaired one and kvpress's pipeline path all give them bit for bit (in one
-    process; docs/metrics.md says where two processes were seen to differ). Also returns the forward passes made.
+    The rows with an answer are teacher-forced together by ``pool`` (:func:`forcing_pool`), as many to a forward
+    pass as :data:`PASS_BYTES` holds copies of ``cache`` (all of them, unless the group is large and the context
+    long), in the group's order. A row's float32 sums are rounded in an order that depends on the rows it shares a
+    pass with, so that composition is a function of the group and its cache alone, never of what else the run holds
+    or of the slot buffer's state (a reused slot's stale keys are masked out, and weigh exactly zero). A sweep, a
+    separate run, a resumed or repaired one and kvpress's pipeline path teacher-force the same groups on the same
+    caches, and so give the fields bit for bit (in one process; docs/metrics.md says where two processes were seen
+    to differ).
     """
+    rows = [
+        DecodeRequest(cache, question, context_length, 0, hidden, answer, tag=index)
+        for index, (question, answer) in enumerate(zip(questions, answers, strict=True))
+        if answer is not None
+    ]
     log_probs: list[torch.Tensor | None] = [None] * len(questions)
-    pool = DecodingPool(model, batch_size=1, memory_bytes=2**62)  # one slot: one row at a time
-    for index, (question, answer) in enumerate(zip(questions, answers, strict=True)):
-        if answer is not None:
-            pool.submit(DecodeRequest(cache, question, context_length, 0, hidden, answer, tag=index))
-    while pool.busy():
-        for row in pool.step():
-            log_probs[row.tag] = row.output
-    return log_probs, pool.forward_passes
+    per_pass = max(1, PASS_BYTES // rows[0].nbytes) if rows else 1
+    passes = pool.forward_passes
+    try:
+        for first in range(0, len(rows), per_pass):
+            for row in rows[first : first + per_pass]:
+                pool.submit(row)
+            while pool.busy():
+                for row in pool.step():
+                    log_probs[row.tag] = row.output
+    except BaseException:
+        pool.abandon()  # a failed pass leaves its rows in their slots: the next call starts from an empty pool
+        raise
+    return log_probs, pool.forward_passes - passes
 
 
 def likelihood_fields(compressed: torch.Tensor, uncompressed: torch.Tensor, answer_ids: torch.Tensor) -> dict:

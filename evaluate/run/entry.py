@@ -26,7 +26,7 @@ from evaluate.engine.requests import AnsweredGroup, Prefilled
 from evaluate.engine.scheduler import decode_memory_bytes
 from evaluate.errors import ConfigError, RunIncomplete, exit_code, fail, refuse, stop_on_signals
 from evaluate.models.loading import Models, warn_if_unpatched
-from evaluate.run.recorder import Recorder, describe
+from evaluate.run.recorder import AnsweringClock, Recorder, describe
 from evaluate.run.summary import failed_samples, interrupted_summary, run_summary, sweep_summary
 from evaluate.spec.config import described_press, refuse_unread_knobs, validate, validate_choices
 from evaluate.spec.plan import Plan, make_plan
@@ -253,10 +253,12 @@ def _run_on_one_model(specs: list[PointSpec], models: Models) -> list[Recorder]:
 
 def _record(answered: Iterator[AnsweredGroup | Prefilled], recorders: list[Recorder], label: str) -> None:
     """Hand each group the engine finished to its point's recorder, with one progress bar over the points that
-    also shows the contexts prefilled (and compressed) so far."""
+    also shows the contexts prefilled (and compressed) so far; the loop's elapsed time is the points' wall time,
+    shared by the clock."""
     total = sum(len(recorder.plan.samples) for recorder in recorders)
     done = sum(len(recorder.done_ids) for recorder in recorders)
-    with tqdm(total=total, initial=done, unit="sample", desc=label, dynamic_ncols=True) as progress:
+    progress = tqdm(total=total, initial=done, unit="sample", desc=label, dynamic_ncols=True)
+    with progress, AnsweringClock([recorder.stats for recorder in recorders]):
         for result in answered:
             if isinstance(result, Prefilled):
                 progress.set_postfix_str(f"contexts prefilled {result.contexts}/{result.of}")

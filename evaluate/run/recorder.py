@@ -7,6 +7,7 @@ rerun of the same command resumes where a crash stopped.
 import logging
 import resource
 import sys
+import time
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from importlib.metadata import version
@@ -53,9 +54,11 @@ def peak_memory_mb(device: str) -> float:
 class RunStats:
     """Cumulative over every process that worked on the run, so a resumed run reports its full cost.
 
-    ``wall_seconds`` is this run's own share of the work (its contexts' prefill, compression and decoding shares),
-    so that points of one sweep do not each report the sweep's whole time. ``contexts`` counts the compressed caches
-    the byte totals are over.
+    The stage seconds (``cost``) are this run's own share of the work: its contexts' prefill, compression, decoding
+    and likelihood shares, each second in one stage. ``wall_seconds`` is this run's share of the elapsed time while
+    it was being answered (:class:`AnsweringClock`), plus its earlier sessions': the points of one sweep sum to the
+    sweep's answering time, where a sum of stage times would count the work outside the timed stages nowhere and
+    could count a shared second twice. ``contexts`` counts the compressed caches the byte totals are over.
     """
 
     cost: Cost = field(default_factory=Cost)
@@ -63,6 +66,17 @@ class RunStats:
     questions: int = 0
     sessions: int = 0
     started_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    earlier_wall_seconds: float = 0.0
+    session_seconds: float = 0.0  # this session's stage seconds: its weight in the clock's share
+    clock: "AnsweringClock | None" = None
+
+    def add(self, cost: Cost) -> None:
+        self.cost += cost
+        self.session_seconds += cost.seconds
+
+    @property
+    def wall_seconds(self) -> float:
+        return self.earlier_wall_seconds + (self.clock.share(self) if self.clock is not None else 0.0)
 
     @classmethod
     def resume(cls, previous: dict | None) -> "RunStats":
@@ -76,13 +90,14 @@ class RunStats:
             questions=previous.get("questions", 0),
             sessions=previous.get("sessions", 0) + 1,
             started_at=previous.get("started_at") or datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            earlier_wall_seconds=previous.get("wall_seconds") or 0.0,
         )
 
     def record(self) -> dict:
         """run.json's cost fields: per run, per question and per context."""
         cost = self.cost
         return {
-            "wall_seconds": round(cost.seconds, 3),
+            "wall_seconds": round(self.wall_seconds, 3),
             "prefill_seconds": round(cost.prefill_seconds, 3),
             "compress_seconds": round(cost.compress_seconds, 3),
             "decode_seconds": round(cost.decode_seconds, 3),
@@ -98,6 +113,35 @@ class RunStats:
             "questions": self.questions,
             "totals": asdict(cost),
         }
+
+
+@dataclass
+class AnsweringClock:
+    """The elapsed time of one answering loop, from ``with`` to its end, shared among the runs it answers in
+    proportion to their stage seconds this session (``RunStats.session_seconds``).
+
+    An engine interleaves its runs (one pool pass serves many points), so no run's elapsed time can be read off a
+    stopwatch; weighting by stage seconds shares the loop's time as the timed work was shared, and gives the time
+    outside the timed stages (tokenizing, writing, the loop itself) to the runs in the same proportion.
+    """
+
+    runs: list[RunStats]
+    started: float = 0.0
+    stopped: float | None = None
+
+    def __enter__(self) -> "AnsweringClock":
+        self.started = time.perf_counter()
+        for stats in self.runs:
+            stats.clock = self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stopped = time.perf_counter()
+
+    def share(self, stats: RunStats) -> float:
+        elapsed = (self.stopped if self.stopped is not None else time.perf_counter()) - self.started
+        total = sum(run.session_seconds for run in self.runs)
+        return elapsed * stats.session_seconds / total if total else 0.0
 
 
 def config_record(plan: Plan) -> dict:
@@ -200,7 +244,7 @@ class Recorder:
             ),
         )
         self.n_errors += len(group) if error else 0
-        self.stats.cost += result.cost
+        self.stats.add(result.cost)
         if not error:
             self.stats.contexts += 1
             self.stats.questions += len(group)
@@ -209,7 +253,7 @@ class Recorder:
         self.tracker.log_progress(
             len(self.done_ids),
             len(self.plan.samples),
-            wall_seconds=self.stats.cost.seconds,
+            wall_seconds=self.stats.wall_seconds,
             prefill_seconds=self.stats.cost.prefill_seconds,
             decode_seconds=self.stats.cost.decode_seconds,
             kept_ratio=kept_ratio,
