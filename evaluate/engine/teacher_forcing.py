@@ -48,16 +48,11 @@ def reference_answer_ids(benchmark, sample, tokenizer) -> torch.Tensor | None:
     return answer_ids(tokenizer, benchmark.reference_answer(sample), sample.answer_prefix)
 
 
-# The slot bytes one forward pass of teacher forcing may fill: a group's rows are batched up to this, so a group of
-# many questions on a long context does not hold a copy of the cache per question at once.
-PASS_BYTES = 2**30
-
-
 def forcing_pool(model) -> DecodingPool:
     """The pool that teacher-forces a run's rows: one per run, so that its slot buffer is allocated once and then
     reused (allocating and zero-filling a fresh buffer per row was 26 % of a row's 446 ms on the CPU, issue 28).
-    It admits every row :func:`teacher_forced` submits at once, which decides alone how rows share a pass."""
-    return DecodingPool(model, batch_size=2**31, memory_bytes=2**62)
+    :func:`teacher_forced` gives it one row at a time."""
+    return DecodingPool(model, batch_size=1, memory_bytes=2**62)
 
 
 def reference_log_probs(
@@ -87,14 +82,12 @@ def teacher_forced(
     """Log-probabilities (float32, [answer tokens, vocabulary]) of each answer's tokens after its question on
     ``cache`` (with the keys ``hidden`` masks hidden), None where there is no answer; also the forward passes made.
 
-    The rows with an answer are teacher-forced together by ``pool`` (:func:`forcing_pool`), as many to a forward
-    pass as :data:`PASS_BYTES` holds copies of ``cache`` (all of them, unless the group is large and the context
-    long), in the group's order. A row's float32 sums are rounded in an order that depends on the rows it shares a
-    pass with, so that composition is a function of the group and its cache alone, never of what else the run holds
-    or of the slot buffer's state (a reused slot's stale keys are masked out, and weigh exactly zero). A sweep, a
-    separate run, a resumed or repaired one and kvpress's pipeline path teacher-force the same groups on the same
-    caches, and so give the fields bit for bit (in one process; docs/metrics.md says where two processes were seen
-    to differ).
+    Each row with an answer is teacher-forced by ``pool`` (:func:`forcing_pool`, whose one slot is reused) in a
+    forward pass of its own: batched with other rows, its float32 sums would be rounded in an order that depends on
+    them, and a resumed or repaired run, which answers a part of a context's group, would give other fields than
+    the run it resumes. Alone, a row's fields depend on its cache, question and answer only, and a sweep, a
+    separate run, a resumed or repaired one and kvpress's pipeline path give them bit for bit (in one process;
+    docs/metrics.md says where two processes were seen to differ).
     """
     rows = [
         DecodeRequest(cache, question, context_length, 0, hidden, answer, tag=index)
@@ -102,12 +95,10 @@ def teacher_forced(
         if answer is not None
     ]
     log_probs: list[torch.Tensor | None] = [None] * len(questions)
-    per_pass = max(1, PASS_BYTES // rows[0].nbytes) if rows else 1
     passes = pool.forward_passes
     try:
-        for first in range(0, len(rows), per_pass):
-            for row in rows[first : first + per_pass]:
-                pool.submit(row)
+        for row in rows:
+            pool.submit(row)
             while pool.busy():
                 for row in pool.step():
                     log_probs[row.tag] = row.output
