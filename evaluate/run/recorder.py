@@ -271,6 +271,9 @@ class Recorder:
         else:
             status, detail = "failed", {"error": describe(reason)}
         try:
+            # What the file holds, not what this process last counted: a signal can land between a group's append
+            # and its count (a torn last line is not a row, and the rerun cuts it).
+            self.done_ids = {row["id"] for row in rundir.read_predictions(self.predictions)}
             self._write_run(status, **detail)
         except OSError as error:
             logger.warning("could not record how %s ended in %s: %s", self.plan.out, rundir.RUN, describe(error))
