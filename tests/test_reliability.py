@@ -41,6 +41,12 @@ KILL_RUN = (
 )
 
 
+def _interruptible() -> None:
+    # A child inherits an ignored SIGINT (Python then installs no KeyboardInterrupt handler); an earlier test of the
+    # suite can leave this process ignoring it, so the child starts with the default disposition, as from a shell.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def cli(output_dir: Path, *overrides: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "evaluate", f"output_dir={output_dir}", "device=cpu", *overrides],
@@ -48,6 +54,7 @@ def cli(output_dir: Path, *overrides: str) -> subprocess.Popen:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_interruptible,
     )
 
 
