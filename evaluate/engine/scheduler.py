@@ -151,10 +151,10 @@ class DecodingPool:
             # Grown in steps, so that a slowly rising need does not copy the buffer at every admission.
             self._resize(slots, capacity if self.cache is None else max(capacity, self.cache.capacity * 5 // 4))
         joining = []
-        for slot in [slot for slot, row in enumerate(self.rows) if row is None]:
-            if not self.waiting:
-                break
-            request = self.waiting.popleft()
+        free = [slot for slot, row in enumerate(self.rows) if row is None]
+        arrivals = [self.waiting.popleft() for _ in range(min(len(free), len(self.waiting)))]
+        # Widest first, the order _arrange keeps: a pool filled at once moves no row.
+        for slot, request in zip(free, sorted(arrivals, key=lambda request: -request.slot_length()), strict=False):
             self.waiting_bytes -= request.nbytes
             self.cache.load(slot, request)
             self.rows[slot] = RunningRow(request)
