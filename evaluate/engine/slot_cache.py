@@ -17,9 +17,15 @@ import torch
 
 from evaluate.engine.requests import DecodeRequest
 
-# Widths a segment of rows attends over: powers of two from 64 (measured against multiples of 256 in
-# docs/performance.md). A row needs its longest layer plus the step's token.
-WIDTH_LADDER = tuple(2**power for power in range(6, 21))
+# Widths a segment of rows attends over (a row needs its longest layer plus the step's token): 64, 128, multiples of
+# 256 up to 4,096, then eight rungs per doubling, so that a row wastes at most 256 keys or an eighth. Measured
+# against powers of two in docs/performance.md: as many shapes to reuse below 4,096 keys would waste up to half.
+WIDTH_LADDER = (
+    64,
+    128,
+    *range(256, 4096, 256),
+    *(2**power * (8 + step) // 8 for power in range(12, 21) for step in range(8)),
+)
 # What one more attention call costs, in row × key units of attention work (about 50 µs of operator overhead against
 # 0.15 µs per row and key on the development CPU): segments are split only where they save more than this.
 SEGMENT_COST = 256
