@@ -19,7 +19,7 @@ from evaluate.engine.requests import DecodeRequest
 
 # Widths a segment of rows attends over (a row needs its longest layer plus the step's token): 64, 128, multiples of
 # 256 up to 4,096, then eight rungs per doubling, so that a row wastes at most 256 keys or an eighth. Against powers
-# of two (scripts/bench_widths.py): the same attention time on the CPU and 6 % less work on the decode-bound sweep's
+# of two (scripts/bench_widths.py): the same attention time on the CPU and 7 % less work on the decode-bound sweep's
 # lengths; powers of two would give fewer shapes to capture.
 WIDTH_LADDER = (
     64,
