@@ -2,11 +2,14 @@
 
     python scripts/bench_decoding.py                                   # SmolLM2 on the CPU, 1,024-token contexts
     python scripts/bench_decoding.py --random-model --device cuda --dtype bfloat16 --batch-sizes 1,8,32,64
+    python scripts/bench_decoding.py --mixed --tokens 2048 --batch-sizes 32   # rows of very different lengths
 
 One context is prefilled and compressed by SnapKV at four ratios (plus AdaKV-SnapKV and no press), each cache asked
 the same question; every row generates exactly ``--new-tokens`` tokens (the end token is switched off), so each way
-does the same work. Prints tokens per second per batch size, the ratio to one-by-one decoding, and whether the
-tokens equal the pipeline's. This is how ``decode_batch_size``'s default was chosen (docs/performance.md).
+does the same work. With ``--mixed`` every other row holds the whole context and the others SnapKV's 20 %, so a
+step's rows differ fivefold in cache length. Prints tokens per second per batch size, the ratio to one-by-one
+decoding, and whether the tokens equal the pipeline's. This is how ``decode_batch_size``'s default and the width
+ladder of a decoding step's segments were chosen (docs/performance.md).
 """
 
 import argparse
@@ -31,13 +34,15 @@ from evaluate.models.sources import EmbeddedGGUFModel  # noqa: E402
 WORDS = "the grass is green and the sky is blue while the special magic number hides in plain sight ".split()
 
 
-def requests(model, pipe, tokens: int, new_tokens: int, rows: int) -> list[DecodeRequest]:
+def requests(model, pipe, tokens: int, new_tokens: int, rows: int, mixed: bool) -> list[DecodeRequest]:
     generator = torch.Generator().manual_seed(0)
     text = " ".join(WORDS[int(i)] for i in torch.randint(len(WORDS), (tokens,), generator=generator))
     ids = pipe.preprocess(text, ["What is the special magic number? "], "Answer:", tokens)
     presses = [None, AdaKVPress(SnapKVPress(compression_ratio=0.5))] + [
         SnapKVPress(compression_ratio=cr) for cr in (0.25, 0.5, 0.75, 0.875)
     ]
+    if mixed:
+        presses = [None, SnapKVPress(compression_ratio=0.8)]
     made = []
     for press in presses:
         cache = DynamicCache()
@@ -88,6 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--batch-sizes", default="1,8,16,32,64")
     parser.add_argument("--baseline-rows", type=int, default=6, help="rows decoded one by one for the baseline")
+    parser.add_argument("--mixed", action="store_true", help="whole caches and 20 %% ones, alternating")
     parser.add_argument("--out", type=Path, help="also write the table here (Markdown)")
     shape = "with --random-model: a field of evaluate.models.random_models.RandomModel (hidden_size=256), repeatable"
     parser.add_argument("--shape", action="append", default=[], metavar="KEY=VALUE", help=shape)
@@ -104,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
     model.generation_config.eos_token_id = -1  # every row generates exactly --new-tokens tokens
     pipe = make_pipeline(model, tokenizer, args.device)
     sizes = [int(size) for size in args.batch_sizes.split(",")]
-    rows = requests(model, pipe, args.tokens, args.new_tokens, max(sizes + [args.baseline_rows]))
+    rows = requests(model, pipe, args.tokens, args.new_tokens, max(sizes + [args.baseline_rows]), args.mixed)
 
     synchronize(model)
     start = time.perf_counter()
@@ -113,7 +119,8 @@ def main(argv: list[str] | None = None) -> None:
     baseline = args.baseline_rows * args.new_tokens / (time.perf_counter() - start)
     lines = [
         f"{type(model).__name__} ({model.config.num_hidden_layers} layers) on {args.device}, {args.dtype}, "
-        f"{args.tokens}-token context, {args.new_tokens} new tokens per row",
+        f"{args.tokens}-token context{' (mixed: whole and 20 % caches)' if args.mixed else ''}, "
+        f"{args.new_tokens} new tokens per row",
         "",
         "| way | rows | tokens/s | × one by one | tokens equal to the pipeline's |",
         "|---|---|---|---|---|",

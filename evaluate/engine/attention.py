@@ -18,16 +18,24 @@ POOL_ATTENTION = "pressbench_pool"
 
 
 def pool_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, pool=None, **kwargs):
-    """Attention of a pool step: each row over the keys its slot's mask shows (see the module docstring)."""
-    mask = pool.masks[module.layer_idx]
+    """Attention of a pool pass: each group of rows the slot cache left (a segment of a decoding step, or the joining
+    rows) over its own keys and mask; ``key`` and ``value`` (the whole buffer) are not read."""
+    outputs = [
+        _attend(query[rows], keys, values, mask, scaling) for rows, keys, values, mask in pool.parts[module.layer_idx]
+    ]
+    output = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+    return output.transpose(1, 2).contiguous(), None
+
+
+def _attend(query, key, value, mask, scaling) -> torch.Tensor:
+    """One group's attention (see the module docstring): [rows, heads, width, head_dim]."""
     batch, heads, width, head_dim = query.shape
     kv_heads = key.shape[1]
     groups = heads // kv_heads
     if query.device.type == "cuda":
-        output = functional.scaled_dot_product_attention(
+        return functional.scaled_dot_product_attention(
             query, key, value, attn_mask=mask.repeat_interleave(groups, dim=1), scale=scaling, enable_gqa=True
         )
-        return output.transpose(1, 2).contiguous(), None
     # Query heads h * groups ... h * groups + groups - 1 share KV head h: one matrix product per KV head.
     grouped = query.reshape(batch, kv_heads, groups * width, head_dim)
     scores = torch.matmul(grouped, key.transpose(-1, -2)) * scaling
@@ -35,8 +43,7 @@ def pool_attention(module, query, key, value, attention_mask, scaling=None, drop
         mask = mask[:, :, None].expand(-1, -1, groups, -1, -1).reshape(batch, kv_heads, groups * width, -1)
     scores = scores.masked_fill(~mask, float("-inf"))
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    output = torch.matmul(weights, value).reshape(batch, heads, width, head_dim)
-    return output.transpose(1, 2).contiguous(), None
+    return torch.matmul(weights, value).reshape(batch, heads, width, head_dim)
 
 
 # kvpress wraps every attention function registered when it is imported (for AdaKV's fake keys, with another

@@ -22,7 +22,8 @@ class ModelRunner:
 
     def ask_questions(self, cache: SlotCache, slots: list[int], rows: list[RunningRow]) -> torch.Tensor:
         """The joining rows' first pass: their questions (and teacher-forced answers), left-padded. Returns the logits
-        of the last columns each row needs: its last question token's, and each answer token's but the last."""
+        of the last columns each row needs: its last question token's, and each answer token's but the last. Leaves
+        each slot's first answer token and its next position on the device for :meth:`decode_step`."""
         device = self.model.device
         lengths = [row.request.input_ids.shape[1] for row in rows]
         width = max(lengths)
@@ -32,45 +33,58 @@ class ModelRunner:
             input_ids[index, width - length :] = row.request.input_ids[0].to(device)
             start = row.request.context_length
             position_ids[index, width - length :] = torch.arange(start, start + length, device=device)
-            row.next_position = start + length
-        query_lengths = torch.tensor(lengths, device=device)
         answers = [row.request.answer_ids.shape[-1] for row in rows if row.request.answer_ids is not None]
         keep = max(answers, default=0) + 1
-        return self._forward(
-            cache, torch.tensor(slots, device=device), query_lengths, input_ids, position_ids, rows, keep
-        )
+        start = time.perf_counter()
+        cache.plan(slots, lengths, width)
+        logits = self._forward(cache, input_ids, position_ids, keep)
+        index = torch.tensor(slots, device=device)
+        cache.tokens[index] = logits[:, -1].argmax(dim=-1)
+        cache.positions[index] = position_ids[:, -1] + 1
+        self._count(logits, rows, start)
+        return logits
 
     def decode(self, cache: SlotCache, rows: list[RunningRow | None]) -> list[int]:
-        """One greedy token for every occupied slot (an empty slot runs a discarded token)."""
-        device = self.model.device
-        live = [row is not None for row in rows]
-        input_ids = torch.tensor([[row.tokens[-1] if row else 0] for row in rows], device=device)
-        position_ids = torch.tensor([[row.next_position if row else 0] for row in rows], device=device)
-        query_lengths = torch.tensor(live, dtype=torch.long, device=device)
-        served = [row for row in rows if row is not None]
-        logits = self._forward(cache, None, query_lengths, input_ids, position_ids, served)
-        return logits[:, -1].argmax(dim=-1).tolist()
+        """One greedy token for every occupied slot (an empty slot runs a discarded token).
 
-    def _forward(
-        self, cache: SlotCache, slots, query_lengths, input_ids, position_ids, served: list[RunningRow], keep: int = 1
-    ) -> torch.Tensor:
+        The step itself (:meth:`decode_step`) reads nothing back; the tokens come to the host here, in one transfer
+        per step, because the scheduler must know which rows stopped to give their slots to waiting rows.
+        """
         start = time.perf_counter()
-        self.peak_rows = max(self.peak_rows, len(served))
+        cache.plan(None, None, 1)
+        tokens = self.decode_step(cache).tolist()
+        self._count(None, [row for row in rows if row is not None], start)
+        return tokens
+
+    def decode_step(self, cache: SlotCache) -> torch.Tensor:
+        """One token for every slot, from the tokens and positions the slot cache holds, which it advances: device
+        work only, of shapes fixed by the planned segments (compilable with ``fullgraph=True``, capturable)."""
+        logits = self._forward(cache, cache.tokens[:, None], cache.positions[:, None], 1)
+        tokens = logits[:, -1].argmax(dim=-1)
+        cache.tokens.copy_(tokens)
+        cache.positions.add_(cache.live)
+        return tokens
+
+    def _forward(self, cache: SlotCache, input_ids, position_ids, keep: int) -> torch.Tensor:
         cache_position = torch.arange(input_ids.shape[1], device=input_ids.device)
-        with cache.forward(slots, query_lengths, input_ids.shape[1]):
-            logits = self.model(
-                input_ids=input_ids,
-                position_ids=position_ids,
-                past_key_values=cache,
-                cache_position=cache_position,
-                logits_to_keep=keep,
-                pool=cache,
-            ).logits
-        if logits.device.type == "cuda":
-            torch.cuda.synchronize(logits.device)  # the pass's time includes its kernels
+        logits = self.model(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            past_key_values=cache,
+            cache_position=cache_position,
+            logits_to_keep=keep,
+            pool=cache,
+        ).logits
+        cache.end_pass()
+        return logits
+
+    def _count(self, logits: torch.Tensor | None, served: list[RunningRow], start: float) -> None:
+        """Share the pass's time (its kernels included) and count among the rows it served."""
+        if logits is not None and logits.device.type == "cuda":
+            torch.cuda.synchronize(logits.device)
+        self.peak_rows = max(self.peak_rows, len(served))
         self.forward_passes += 1
         share = (time.perf_counter() - start) / len(served)
         for row in served:
             row.cost.decode_seconds += share
             row.cost.forward_passes += 1 / len(served)
-        return logits

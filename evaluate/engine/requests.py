@@ -61,12 +61,11 @@ class DecodeRequest:
 
 @dataclass
 class RunningRow:
-    """A request while it holds a slot: the tokens so far, its cost, and the position of its next token."""
+    """A request while it holds a slot: the tokens so far and its cost."""
 
     request: DecodeRequest
     tokens: list[int] = field(default_factory=list)
     cost: RowCost = field(default_factory=RowCost)
-    next_position: int = 0
 
 
 @dataclass

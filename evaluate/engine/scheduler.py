@@ -34,7 +34,7 @@ import torch
 from evaluate.engine.attention import pool_attention_active
 from evaluate.engine.model_runner import ModelRunner
 from evaluate.engine.requests import DecodeRequest, FinishedRow, RunningRow
-from evaluate.engine.slot_cache import SlotCache
+from evaluate.engine.slot_cache import SlotCache, arrangement
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +123,6 @@ class DecodingPool:
                 tokens = self.runner.decode(self.cache, self.rows)
                 for slot, (row, token) in enumerate(zip(self.rows, tokens, strict=True)):
                     if row is not None:
-                        row.next_position += 1
                         finished += self._append(slot, row, token)
             self._compact()
         return finished
@@ -170,10 +169,10 @@ class DecodingPool:
             # Grown in steps, so that a slowly rising need does not copy the buffer at every admission.
             self._resize(slots, capacity if self.cache is None else max(capacity, self.cache.capacity * 5 // 4))
         joining = []
-        for slot in [slot for slot, row in enumerate(self.rows) if row is None]:
-            if not self.waiting:
-                break
-            request = self.waiting.popleft()
+        free = [slot for slot, row in enumerate(self.rows) if row is None]
+        arrivals = [self.waiting.popleft() for _ in range(min(len(free), len(self.waiting)))]
+        # Widest first, the order _arrange keeps: a pool filled at once moves no row.
+        for slot, request in zip(free, sorted(arrivals, key=lambda request: -request.slot_length()), strict=False):
             self.waiting_bytes -= request.nbytes
             self.cache.load(slot, request)
             self.rows[slot] = RunningRow(request)
@@ -190,7 +189,15 @@ class DecodingPool:
             answer_length = row.request.answer_ids.shape[-1]
             log_probs = torch.log_softmax(row_logits[-answer_length - 1 : -1].float(), dim=-1)
             finished.append(self._leave(slot, row, log_probs))
+        self._arrange()
         return finished
+
+    def _arrange(self) -> None:
+        """Keep rows of like slot length next to each other, so that a decoding step attends each segment of slots
+        over its own width (SlotCache.plan); after an admission, moving only the rows out of place."""
+        order = arrangement([row.request.slot_length() if row is not None else None for row in self.rows])
+        self.cache.permute(order)
+        self.rows = [self.rows[source] for source in order]
 
     def _append(self, slot: int, row: RunningRow, token: int) -> list[FinishedRow]:
         row.tokens.append(token)

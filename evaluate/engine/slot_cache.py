@@ -1,19 +1,96 @@
-"""The pool's keys and values: one preallocated buffer of slots, each row's keys left-aligned, written in place."""
+"""The pool's keys and values: one preallocated buffer of slots, each row's keys left-aligned, written in place.
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+A decoding step reads nothing back from the device. Every length the host plans with (each layer's attention width,
+the width buckets) is mirrored on the host (``host_lengths``, ``host_live``), because the host alone decides who
+joins and leaves; the device keeps its own copy (``lengths``, ``live``, ``tokens``, ``positions``), which the step
+advances with arithmetic only.
 
+Attention work follows each row's own length: the slots are cut into contiguous segments, each attended over its own
+width, a rung of :data:`WIDTH_LADDER` (so that a step's shapes repeat and a compiled or captured graph is reused),
+and the scheduler keeps rows of like length next to each other (:func:`arrangement`).
+"""
+
+from functools import lru_cache
+
+import numpy as np
 import torch
 
 from evaluate.engine.requests import DecodeRequest
+
+# Widths a segment of rows attends over (a row needs its longest layer plus the step's token): 64, 128, multiples of
+# 256 up to 4,096, then eight rungs per doubling, so that a row wastes at most 256 keys or an eighth. Against powers
+# of two (scripts/bench_widths.py): the same attention time on the CPU and 7 % less work on the decode-bound sweep's
+# lengths; powers of two would give fewer shapes to capture.
+WIDTH_LADDER = (
+    64,
+    128,
+    *range(256, 4096, 256),
+    *(2**power * (8 + step) // 8 for power in range(12, 21) for step in range(8)),
+)
+# What one more attention call costs, in row × key units of attention work (about 50 µs of operator overhead against
+# 0.15 µs per row and key on the development CPU): segments are split only where they save more than this.
+SEGMENT_COST = 256
+
+
+def width_bucket(length: int) -> int:
+    """The smallest rung of :data:`WIDTH_LADDER` that holds ``length`` keys."""
+    return next(rung for rung in WIDTH_LADDER if rung >= length)
+
+
+@lru_cache(maxsize=4096)
+def segments(widths: tuple[int, ...]) -> tuple[tuple[int, int, int], ...]:
+    """Cut slots with bucketed ``widths`` into contiguous (start, stop, width) segments of least attention work.
+
+    Dynamic programming over cut points: a segment costs its rows × its widest row's width plus
+    :data:`SEGMENT_COST`. Memoised: the widths change only when a row crosses a rung, joins or leaves.
+    """
+    count = len(widths)
+    best = [0] + [None] * count
+    cut = [0] * (count + 1)
+    for stop in range(1, count + 1):
+        widest = 0
+        for start in range(stop - 1, -1, -1):
+            widest = max(widest, widths[start])
+            cost = best[start] + (stop - start) * widest + SEGMENT_COST
+            if best[stop] is None or cost < best[stop]:
+                best[stop], cut[stop] = cost, start
+    parts, stop = [], count
+    while stop:
+        start = cut[stop]
+        parts.append((start, stop, max(widths[start:stop])))
+        stop = start
+    return tuple(reversed(parts))
+
+
+def arrangement(needs: list[int | None]) -> list[int]:
+    """A slot order (new slot i takes old slot ``order[i]``) that puts rows of like need next to each other, widest
+    first and free slots (None) last, moving as few rows as possible: a row already inside its need's run stays."""
+    keys = [-1 if need is None else width_bucket(need) for need in needs]
+    ranked = sorted(range(len(keys)), key=lambda slot: -keys[slot])
+    # The run of slots each key occupies once sorted.
+    runs: dict[int, range] = {}
+    for position, slot in enumerate(ranked):
+        first = runs[keys[slot]].start if keys[slot] in runs else position
+        runs[keys[slot]] = range(first, position + 1)
+    order: list[int | None] = [None] * len(keys)
+    movers = []
+    for slot, key in enumerate(keys):
+        if slot in runs[key]:
+            order[slot] = slot
+        else:
+            movers.append(slot)
+    for slot in movers:
+        target = next(position for position in runs[keys[slot]] if order[position] is None)
+        order[target] = slot
+    return order
 
 
 class SlotCache:
     """Preallocated keys and values of ``slots`` rows, left-aligned, with each row's length per layer.
 
-    It stands in for transformers' cache during a pool forward pass: ``update`` writes the step's new keys at each
-    row's own positions, in place, and leaves the attention mask of that layer in ``masks`` for
-    :func:`pool_attention`.
+    It stands in for transformers' cache during a pool forward pass: :meth:`plan` sets up the pass on the host,
+    ``update`` writes the pass's new keys at each row's own positions, in place, and leaves in ``parts`` the
+    (rows, keys, values, mask) groups that :func:`pool_attention` attends, one per segment of a decoding step.
     """
 
     def __init__(self, model, slots: int, capacity: int):
@@ -21,15 +98,21 @@ class SlotCache:
         layers = config.num_hidden_layers
         heads = config.num_key_value_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        options = {"dtype": model.dtype, "device": model.device}
+        device = model.device
+        options = {"dtype": model.dtype, "device": device}
         self.slots, self.capacity = slots, capacity
         self.keys = [torch.zeros(slots, heads, capacity, head_dim, **options) for _ in range(layers)]
         self.values = [torch.zeros(slots, heads, capacity, head_dim, **options) for _ in range(layers)]
-        self.visible = [
-            torch.zeros(slots, heads, capacity, dtype=torch.bool, device=model.device) for _ in range(layers)
-        ]
-        self.lengths = torch.zeros(layers, slots, dtype=torch.long, device=model.device)
-        self.masks: list[torch.Tensor | None] = [None] * layers
+        self.visible = [torch.zeros(slots, heads, capacity, dtype=torch.bool, device=device) for _ in range(layers)]
+        self.lengths = torch.zeros(layers, slots, dtype=torch.long, device=device)
+        # The decoding step's inputs: each slot's next token and position, and 1 where a row decodes.
+        self.live = torch.zeros(slots, dtype=torch.long, device=device)
+        self.tokens = torch.zeros(slots, dtype=torch.long, device=device)
+        self.positions = torch.zeros(slots, dtype=torch.long, device=device)
+        self.host_lengths = np.zeros((layers, slots), dtype=np.int64)
+        self.host_live = np.zeros(slots, dtype=np.int64)
+        self.every_slot = torch.arange(slots, device=device)
+        self.parts: list[list | None] = [None] * layers
 
     @property
     def nbytes(self) -> int:
@@ -48,6 +131,8 @@ class SlotCache:
             if masked is not None:
                 visible[masked] = False
             self.lengths[layer_idx, slot] = length
+            self.host_lengths[layer_idx, slot] = length
+        self.live[slot] = self.host_live[slot] = 1
 
     def free(self, slot: int) -> None:
         """An empty slot still decodes (its output is discarded) and must see one key to keep its softmax finite."""
@@ -55,63 +140,103 @@ class SlotCache:
             visible[slot].fill_(False)
             visible[slot, :, 0] = True
         self.lengths[:, slot] = 0
+        self.host_lengths[:, slot] = 0
+        self.live[slot] = self.host_live[slot] = 0
 
     def copy_from(self, other: "SlotCache", slots: list[int]) -> None:
         """Take ``other``'s rows ``slots`` into this cache's first slots (to grow or compact the pool)."""
-        index = torch.tensor(slots, dtype=torch.long, device=self.lengths.device)  # an empty list is long too
         rows = len(slots)
-        width = min(self.capacity, other.capacity)
-        for mine, theirs in ((self.keys, other.keys), (self.values, other.values), (self.visible, other.visible)):
-            for layer_idx, tensor in enumerate(theirs):
-                mine[layer_idx][:rows, :, :width] = tensor[index, :, :width]
-        self.lengths[:, :rows] = other.lengths[:, index]
+        self._take(other, list(range(rows)), slots, min(self.capacity, other.capacity))
         for slot in range(rows, self.slots):
             self.free(slot)
 
-    @contextmanager
-    def forward(self, rows: torch.Tensor | None, query_lengths: torch.Tensor, width: int) -> Iterator[None]:
-        """Set up one forward pass over slots ``rows`` (None: every slot), each with ``query_lengths`` real tokens
-        right-aligned in ``width`` columns (a slot with 0 real tokens is idle)."""
-        self.rows, self.query_lengths, self.width = rows, query_lengths, width
-        starts = self.lengths if rows is None else self.lengths[:, rows]
-        # One host transfer per pass for every layer's attention width.
-        self.ends = (starts + query_lengths).amax(dim=1).clamp(min=1).tolist()
-        try:
-            yield
-        finally:
-            self.masks = [None] * len(self.keys)
+    def permute(self, order: list[int]) -> None:
+        """New slot i takes old slot ``order[i]``; only the rows that move are copied, up to their longest layer."""
+        moved = [slot for slot, source in enumerate(order) if source != slot]
+        if moved:
+            sources = [order[slot] for slot in moved]
+            self._take(self, moved, sources, int(self.host_lengths[:, sources].max()) + 1)
+
+    def _take(self, other: "SlotCache", mine: list[int], theirs: list[int], width: int) -> None:
+        """Slots ``mine`` take ``other``'s slots ``theirs``: keys and values up to ``width``, all else whole."""
+        target = torch.tensor(mine, dtype=torch.long, device=self.lengths.device)  # an empty list is long too
+        source = torch.tensor(theirs, dtype=torch.long, device=self.lengths.device)
+        for layer_idx in range(len(self.keys)):
+            self.keys[layer_idx][target, :, :width] = other.keys[layer_idx][source, :, :width]
+            self.values[layer_idx][target, :, :width] = other.values[layer_idx][source, :, :width]
+            taken = other.visible[layer_idx][source, :, :width]  # read before writing: other may be self
+            self.visible[layer_idx][target] = False
+            self.visible[layer_idx][target, :, :width] = taken
+        self.lengths[:, target] = other.lengths[:, source]
+        for state in ("live", "tokens", "positions"):
+            getattr(self, state)[target] = getattr(other, state)[source]
+        self.host_lengths[:, mine] = other.host_lengths[:, theirs]
+        self.host_live[mine] = other.host_live[theirs]
+
+    def plan(self, rows: list[int] | None, query_lengths: list[int] | None, width: int) -> None:
+        """Set up one forward pass on the host, reading nothing from the device.
+
+        ``rows`` None is a decoding step: every slot, one token each where a row is live, attended in width
+        segments. Otherwise the joining ``rows`` run ``query_lengths`` real tokens right-aligned in ``width``
+        columns, each layer attended up to the widest of them.
+        """
+        self.width = width
+        if rows is None:
+            self.rows, self.query_lengths = self.every_slot, self.live
+            needs = self.host_lengths.max(axis=0) + self.host_live
+            self.segments = segments(tuple(min(width_bucket(int(need)), self.capacity) for need in needs))
+            self.host_lengths += self.host_live
+        else:
+            device = self.lengths.device
+            self.rows, self.query_lengths = (
+                torch.tensor(rows, device=device),
+                torch.tensor(query_lengths, device=device),
+            )
+            self.segments = None
+            self.host_lengths[:, rows] += np.array(query_lengths)
+            self.ends = self.host_lengths[:, rows].max(axis=1).clip(min=1).tolist()
+
+    def end_pass(self) -> None:
+        """Let go of the pass's attention groups (the question pass's are copies)."""
+        self.parts = [None] * len(self.keys)
 
     def update(self, key_states, value_states, layer_idx: int, cache_kwargs: dict | None = None):
-        rows = torch.arange(self.slots, device=key_states.device) if self.rows is None else self.rows
+        """Write the pass's keys at each row's own positions and leave the layer's attention groups in ``parts``."""
+        rows = self.rows
         starts = self.lengths[layer_idx, rows]
         pad = self.width - self.query_lengths
         columns = torch.arange(self.width, device=key_states.device)
-        # Column i of row r is its question token i - pad[r], written at start + i - pad[r]; padding columns write
-        # into the slot's last position, which no real token reaches before the row's answer is complete.
+        # Column i of row r is its token i - pad[r], written at start + i - pad[r]; padding columns (and an idle
+        # slot's token) write into the slot's last position, hidden, which no real token reaches before the row's
+        # answer is complete.
         offsets = columns[None, :] - pad[:, None]
         real = offsets >= 0
         positions = torch.where(real, starts[:, None] + offsets, self.capacity - 1)
         self.keys[layer_idx][rows[:, None], :, positions] = key_states.transpose(1, 2)
         self.values[layer_idx][rows[:, None], :, positions] = value_states.transpose(1, 2)
-        written_rows, written_columns = real.nonzero(as_tuple=True)
-        self.visible[layer_idx][rows[written_rows], :, positions[written_rows, written_columns]] = True
+        self.visible[layer_idx][rows[:, None], :, positions] = real[:, :, None]
         self.lengths[layer_idx, rows] = starts + self.query_lengths
-        end = self.ends[layer_idx]
-        if self.rows is None:
-            keys, values = self.keys[layer_idx][:, :, :end], self.values[layer_idx][:, :, :end]
-            visible = self.visible[layer_idx][:, :, :end]
+        if self.segments is not None:
+            self.parts[layer_idx] = [self._segment(layer_idx, *segment) for segment in self.segments]
         else:
-            keys, values = self.keys[layer_idx][rows, :, :end], self.values[layer_idx][rows, :, :end]
-            visible = self.visible[layer_idx][rows, :, :end]
-        if self.width == 1:
-            mask = visible[:, :, None, :]
-        else:
-            # The question is causal: column i sees the keys up to its own position.
-            last_seen = torch.where(real, starts[:, None] + offsets, starts[:, None])
-            causal = torch.arange(end, device=key_states.device)[None, None, :] <= last_seen[:, :, None]
-            mask = visible[:, :, None, :] & causal[:, None, :, :]
-        self.masks[layer_idx] = mask
-        return keys, values
+            self.parts[layer_idx] = [self._question(layer_idx, starts, offsets, real)]
+        return self.keys[layer_idx], self.values[layer_idx]
+
+    def _segment(self, layer_idx: int, start: int, stop: int, width: int) -> tuple:
+        """Slots ``start:stop`` of a decoding step over their first ``width`` keys: views, nothing copied."""
+        rows = slice(start, stop)
+        keys, values = self.keys[layer_idx][rows, :, :width], self.values[layer_idx][rows, :, :width]
+        return rows, keys, values, self.visible[layer_idx][rows, :, None, :width]
+
+    def _question(self, layer_idx: int, starts, offsets, real) -> tuple:
+        """The joining rows over the keys up to the widest of them, each question column causal."""
+        end, rows = self.ends[layer_idx], self.rows
+        keys, values = self.keys[layer_idx][rows, :, :end], self.values[layer_idx][rows, :, :end]
+        visible = self.visible[layer_idx][rows, :, :end]
+        # Column i sees the keys up to its own position.
+        last_seen = torch.where(real, starts[:, None] + offsets, starts[:, None])
+        causal = torch.arange(end, device=keys.device)[None, None, :] <= last_seen[:, :, None]
+        return slice(None), keys, values, visible[:, :, None, :] & causal[:, None, :, :]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        return int(self.lengths[layer_idx].max())
+        return int(self.host_lengths[layer_idx].max())
