@@ -4,6 +4,9 @@
   last line left by a crash is detected and cut off when the file is read back. Any other unreadable line is
   refused with its file and line number, until ``python -m evaluate.run.repair`` moves it aside.
 - ``config.yaml``, ``metrics.json`` and ``run.json`` are replaced whole (write beside, then rename).
+- A shard of a point (evaluate/spec/shard.py) appends to ``shards/<shard>.jsonl`` and records its session in
+  ``shards/<shard>.json``; the shard that answers a point's last sample merges them into ``predictions.jsonl``, in
+  the order one process would have written, and removes them.
 """
 
 import fcntl
@@ -13,8 +16,9 @@ import os
 import secrets
 import shutil
 import socket
+import time
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TypeVar
@@ -30,6 +34,9 @@ RUN = "run.json"
 FINISHED = ("complete", "complete_with_errors")
 CONFIG = "config.yaml"
 LOCK = ".lock"
+SHARDS = "shards"
+# Held while a shard reads or rewrites what every shard of the point shares (run.json, the merge).
+MERGE_LOCK = ".merge-lock"
 
 logger = logging.getLogger(__name__)
 _Made = TypeVar("_Made")
@@ -230,6 +237,35 @@ def rewrite_predictions(path: Path, rows: Iterable[dict]) -> None:
     write_atomic(path, _jsonl(rows))
 
 
+def shard_path(run_directory: Path, shard: str, suffix: str) -> Path:
+    """A shard's file in its point's run directory: ``.jsonl`` (its predictions), ``.json`` (its sessions),
+    ``.lock``."""
+    return run_directory / SHARDS / f"{shard}{suffix}"
+
+
+def shard_paths(run_directory: Path, suffix: str) -> list[Path]:
+    """Every shard's file of that kind in the run directory, whatever the shard count that wrote it."""
+    return sorted((run_directory / SHARDS).glob(f"*-of-*{suffix}"))
+
+
+def read_all_predictions(run_directory: Path) -> list[dict]:
+    """The rows of ``predictions.jsonl`` and of every shard's file, each sample once (its first row): what the run
+    directory holds, whether one process or several shards answered it."""
+    rows, seen = [], set()
+    for path in [run_directory / PREDICTIONS, *shard_paths(run_directory, ".jsonl")]:
+        for row in read_predictions(path):
+            if row["id"] not in seen:
+                seen.add(row["id"])
+                rows.append(row)
+    return rows
+
+
+def remove_shard_files(run_directory: Path) -> None:
+    """Drop the shards' predictions and session records once ``predictions.jsonl`` and run.json hold them."""
+    for path in [*shard_paths(run_directory, ".jsonl"), *shard_paths(run_directory, ".json")]:
+        path.unlink(missing_ok=True)
+
+
 class RunLocked(ConfigError):
     """Another live process is writing this run directory."""
 
@@ -239,14 +275,14 @@ class RunLocked(ConfigError):
 
 
 def held(run_directory: Path) -> bool:
-    """Whether a live process holds the run directory's lock now (a reader's question: it takes the lock for an
-    instant when it is free)."""
+    """Whether a live process (a whole run, or any shard) holds the run directory's lock now (a reader's question:
+    it takes the lock for an instant when it is free)."""
     try:
         fd = os.open(run_directory / LOCK, os.O_RDONLY)
     except OSError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return True
     finally:
@@ -254,28 +290,95 @@ def held(run_directory: Path) -> bool:
     return False
 
 
+def _holder(fd: int) -> str:
+    return os.pread(fd, 4096, 0).decode("utf-8", errors="replace").strip()
+
+
+def _flock(fd: int, mode: int, wait: bool) -> bool:
+    """Take an flock; without ``wait``, retry a few times over a tenth of a second first, since a reader's
+    :func:`held` takes a free lock for an instant."""
+    if wait:
+        fcntl.flock(fd, mode)
+        return True
+    for attempt in range(5):
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            time.sleep(0.02 * attempt)
+    return False
+
+
+def live_shards(run_directory: Path) -> dict[str, str]:
+    """The shards whose process holds their lock now, by name (``1-of-4``), with who holds it."""
+    live = {}
+    for path in shard_paths(run_directory, ".lock"):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            live[path.stem] = _holder(fd)
+        finally:
+            os.close(fd)
+    return live
+
+
+def _named(shards: dict[str, str]) -> str:
+    return ", ".join(f"shard {name} ({holder})" for name, holder in shards.items())
+
+
+def _claim(fd: int) -> None:
+    os.ftruncate(fd, 0)
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} (since {started})".encode(), 0)
+
+
 @contextmanager
-def locked(run_directory: Path, wait: bool = False) -> Iterator[None]:
+def locked(run_directory: Path, wait: bool = False, shard: str | None = None) -> Iterator[None]:
     """Hold the run directory for this process; ``wait`` blocks until its holder lets go instead of refusing.
 
     The lock is an flock on ``.lock``: the kernel releases it when its holder dies, however it dies, so a
     lock left by a killed process is taken over without any staleness heuristics. The file names the holder
     so that a refused second process can say who has the run.
+
+    A ``shard`` (its name, ``1-of-4``) shares ``.lock`` with the point's other shards and holds its own
+    ``shards/<shard>.lock`` alone: shards run side by side, a shard never twice, and a whole run never beside a
+    shard. Shards of another count, whose contexts overlap this one's, are refused too.
     """
     run_directory.mkdir(parents=True, exist_ok=True)
-    fd = os.open(run_directory / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 4096, 0).decode("utf-8", errors="replace").strip() or "another process"
+    with ExitStack() as stack:
+        fd = os.open(run_directory / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        stack.callback(os.close, fd)
+        if not _flock(fd, fcntl.LOCK_SH if shard else fcntl.LOCK_EX, wait=False):
+            holder = _named(live_shards(run_directory)) or _holder(fd) or "another process"
             if not wait:
-                raise RunLocked(run_directory, holder) from None
+                raise RunLocked(run_directory, holder)
             logger.warning("%s is being written by %s; waiting for it (wait_for_locks=true)", run_directory, holder)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        os.ftruncate(fd, 0)
-        started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} (since {started})".encode(), 0)
+            _flock(fd, fcntl.LOCK_SH if shard else fcntl.LOCK_EX, wait=True)
+        if shard is None:
+            _claim(fd)
+            yield
+            return
+        path = shard_path(run_directory, shard, ".lock")
+        path.parent.mkdir(exist_ok=True)
+        own = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        stack.callback(os.close, own)
+        count = shard.split("-of-")[1]
+        others = {name: holder for name, holder in live_shards(run_directory).items() if name.split("-of-")[1] != count}
+        if others:
+            raise RunLocked(run_directory, f"{_named(others)}, of another shard count")
+        if not _flock(own, fcntl.LOCK_EX, wait):
+            raise RunLocked(run_directory, f"shard {shard} ({_holder(own)})")
+        _claim(own)
+        yield
+
+
+@contextmanager
+def merging(run_directory: Path) -> Iterator[None]:
+    """Hold what a point's shards share (run.json, the merge) while one shard reads and rewrites it."""
+    fd = os.open(run_directory / MERGE_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)

@@ -27,7 +27,7 @@ from evaluate.engine.scheduler import decode_memory_bytes
 from evaluate.errors import ConfigError, RunIncomplete, exit_code, fail, refuse, stop_on_signals
 from evaluate.models.loading import Models, warn_if_unpatched
 from evaluate.run.recorder import AnsweringClock, Recorder, describe
-from evaluate.run.summary import failed_samples, interrupted_summary, run_summary, sweep_summary
+from evaluate.run.summary import failed_samples, interrupted_summary, run_summary, sweep_summary, waiting_summary
 from evaluate.spec.config import described_press, refuse_unread_knobs, validate, validate_choices
 from evaluate.spec.plan import Plan, make_plan
 from evaluate.spec.point import PointSpec, resolve
@@ -127,7 +127,8 @@ def run_specs(specs: Sequence[PointSpec], single: bool = False) -> list[dict | N
             for index, spec in enumerate(specs):
                 out = spec.out
                 try:
-                    held.enter_context(rundir.locked(out, wait=spec.cfg.wait_for_locks))
+                    shard = None if spec.shard.whole else spec.shard.name
+                    held.enter_context(rundir.locked(out, wait=spec.cfg.wait_for_locks, shard=shard))
                 except rundir.RunLocked as locked:
                     if single:
                         raise
@@ -162,6 +163,12 @@ def run_specs(specs: Sequence[PointSpec], single: bool = False) -> list[dict | N
             "what ran short (memory, disk, or lower decode_batch_size / decode_memory) and rerun the same command "
             "to answer them"
         )
+    for index, spec in enumerate(specs):
+        if index not in metrics or metrics[index] is not None or spec.shard.whole:
+            continue
+        # Another shard may have answered the point's last samples, and scored it, since this one closed it.
+        if (rundir.read_json(spec.out / rundir.RUN) or {}).get("status") in rundir.FINISHED:
+            metrics[index] = rundir.read_json(spec.out / rundir.METRICS)
     return [metrics.get(index) for index in range(len(specs))]
 
 
@@ -190,7 +197,9 @@ def command(
         fail(error)
     except OSError as error:  # the disk or the system failed the run's own writes
         fail(OSError(f"{describe(error)}; the run directory keeps what was written: fix it and rerun the same command"))
-    if single:
+    if single and metrics[0] is None:  # a shard whose point waits for the other shards
+        print(waiting_summary(cfgs, metrics))
+    elif single:
         print(run_summary(cfgs[0], metrics[0], overrides))
         failed, samples = failed_samples(metrics[0])
         if samples and failed == samples:  # nothing was answered: a broken configuration, not a score of 0
@@ -255,7 +264,7 @@ def _record(answered: Iterator[AnsweredGroup | Prefilled], recorders: list[Recor
     """Hand each group the engine finished to its point's recorder, with one progress bar over the points that
     also shows the contexts prefilled (and compressed) so far; the loop's elapsed time is the points' wall time,
     shared by the clock."""
-    total = sum(len(recorder.plan.samples) for recorder in recorders)
+    total = sum(len(recorder.plan.share) for recorder in recorders)
     done = sum(len(recorder.done_ids) for recorder in recorders)
     progress = tqdm(total=total, initial=done, unit="sample", desc=label, dynamic_ncols=True)
     with progress, AnsweringClock([recorder.stats for recorder in recorders]):

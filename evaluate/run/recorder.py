@@ -2,6 +2,11 @@
 
 Predictions are appended per context as soon as they exist (evaluate/rundir.py makes every write crash-safe), so a
 rerun of the same command resumes where a crash stopped.
+
+A shard of a point (evaluate/spec/shard.py) writes its rows and its sessions into files of its own, and keeps the
+point's run.json saying which shards run, finished or are missing; the shard that answers the point's last sample
+merges every shard's rows into ``predictions.jsonl``, in the order one process writes them, and scores the point
+(:meth:`Recorder.close`). A whole run first folds in whatever an earlier sharded session left.
 """
 
 import logging
@@ -23,6 +28,7 @@ from evaluate.run.tracking import Tracker
 from evaluate.score.rescore import score_rows
 from evaluate.score.tables import format_task_table
 from evaluate.spec.plan import Plan, sample_identity
+from evaluate.spec.shard import Shard
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +97,20 @@ class RunStats:
             sessions=previous.get("sessions", 0) + 1,
             started_at=previous.get("started_at") or datetime.now(timezone.utc).isoformat(timespec="seconds"),
             earlier_wall_seconds=previous.get("wall_seconds") or 0.0,
+        )
+
+    @classmethod
+    def combined(cls, records: list[dict]) -> "RunStats":
+        """The sessions of several records (what a point's shards, and the whole runs before them, recorded) as
+        one run's."""
+        parts = [cls.resume(record) for record in records if record]
+        return cls(
+            cost=sum((part.cost for part in parts), Cost()),
+            contexts=sum(part.contexts for part in parts),
+            questions=sum(part.questions for part in parts),
+            sessions=sum(part.sessions - 1 for part in parts),
+            started_at=min((part.started_at for part in parts), default=cls().started_at),
+            earlier_wall_seconds=sum(part.earlier_wall_seconds for part in parts),
         )
 
     def record(self) -> dict:
@@ -165,9 +185,16 @@ class Recorder:
 
     def __init__(self, plan: Plan):
         self.plan = plan
-        self.predictions = plan.out / rundir.PREDICTIONS
-        self.done_ids = {row["id"] for row in plan.kept_rows}
-        self.n_errors = sum(1 for row in plan.kept_rows if row.get("error"))
+        self.shard = plan.spec.shard
+        if self.shard.whole:
+            self.predictions, self.record_path = plan.out / rundir.PREDICTIONS, plan.out / rundir.RUN
+        else:
+            self.predictions = rundir.shard_path(plan.out, self.shard.name, ".jsonl")
+            self.record_path = rundir.shard_path(plan.out, self.shard.name, ".json")
+        share = {sample.id for sample in plan.share}
+        self.kept_rows = [row for row in plan.kept_rows if row["id"] in share]
+        self.done_ids = {row["id"] for row in self.kept_rows}
+        self.n_errors = sum(1 for row in self.kept_rows if row.get("error"))
         self.unanswered = 0  # samples an environment failure left for the rerun
         self.environment_error: str | None = None
         self.truncated: int | None = None
@@ -176,13 +203,20 @@ class Recorder:
     def start(self) -> None:
         """Make the directory match the plan (earlier rows dropped by overwrite or retry_errors) and open a session."""
         plan = self.plan
+        left = rundir.shard_paths(plan.out, ".json") + rundir.shard_paths(plan.out, ".jsonl")
+        if self.shard.whole and (plan.cfg.overwrite or left):
+            self._fold_shards()
         if not plan.todo:
-            recorded = rundir.read_json(plan.out / rundir.RUN) or {}
-            if recorded.get("status") not in rundir.FINISHED:
+            recorded = rundir.read_json(self.record_path) or {}
+            point = rundir.read_json(plan.out / rundir.RUN) or {}
+            if not self.shard.whole and point.get("status") in rundir.FINISHED:
+                pass  # the point is merged and scored: nothing is left to this shard
+            elif recorded.get("status") not in rundir.FINISHED:
                 # Stopped after its last answer but before it closed (SIGKILL): this session only closes it.
                 self.stats = RunStats.resume(recorded)
                 self._write_run(self._finished_status())
-            print(f"{plan.out} is already complete ({len(plan.samples)} samples); pass overwrite=true to redo it")
+            which = "" if self.shard.whole else f"shard {self.shard} of "
+            print(f"{which}{plan.out} is already complete ({len(plan.share)} samples); pass overwrite=true to redo it")
             return
         if plan.cfg.overwrite:
             for name in (rundir.PREDICTIONS, rundir.METRICS, rundir.RUN, rundir.CONFIG):
@@ -191,9 +225,20 @@ class Recorder:
             # The plan dropped the failed rows: the file keeps only what the plan kept.
             rundir.rewrite_predictions(self.predictions, plan.kept_rows)
         rundir.write_yaml(plan.out / rundir.CONFIG, config_record(plan))
-        self.stats = RunStats.resume(rundir.read_json(plan.out / rundir.RUN))
+        self.stats = RunStats.resume(rundir.read_json(self.record_path))
         self._write_run("running")
+        self._update_point()
         self.tracker = Tracker.from_config(plan.cfg, plan.out.name)
+
+    def _fold_shards(self) -> None:
+        """A whole run takes over what shards left (this process holds the directory alone): their rows into
+        ``predictions.jsonl`` and their sessions into run.json, so that it goes on as if one process had run them
+        (under ``overwrite`` they are dropped with the rest)."""
+        out = self.plan.out
+        if not self.plan.cfg.overwrite:
+            rundir.rewrite_predictions(out / rundir.PREDICTIONS, rundir.read_all_predictions(out))
+            rundir.write_json(out / rundir.RUN, self._sharded_record(out))
+        rundir.remove_shard_files(out)
 
     def note_truncated(self, count: int) -> None:
         self.truncated = count
@@ -273,14 +318,18 @@ class Recorder:
         try:
             # What the file holds, not what this process last counted: a signal can land between a group's append
             # and its count (a torn last line is not a row, and the rerun cuts it).
-            self.done_ids = {row["id"] for row in rundir.read_predictions(self.predictions)}
+            written = {row["id"] for row in rundir.read_predictions(self.predictions)}
+            self.done_ids = {row["id"] for row in self.kept_rows} | (written & {s.id for s in self.plan.share})
             self._write_run(status, **detail)
+            self._update_point()
         except OSError as error:
             logger.warning("could not record how %s ended in %s: %s", self.plan.out, rundir.RUN, describe(error))
         self.tracker.finish(exit_code=1)
 
-    def close(self) -> dict:
-        """Finish the session and score every prediction of the run; returns metrics.json's content."""
+    def close(self) -> dict | None:
+        """Finish the session and score every prediction of the run; returns metrics.json's content. A shard scores
+        the point only when the point's last sample is answered (by it or by the other shards before it), and
+        returns None while some are missing."""
         plan = self.plan
         if plan.todo:
             self._write_run(self._finished_status())
@@ -289,15 +338,35 @@ class Recorder:
                     "%d samples failed; they count as wrong answers (see the error field in predictions)",
                     self.n_errors,
                 )
-        rows = rundir.read_predictions(self.predictions)
+        if self.shard.whole:
+            return self._score(rundir.read_predictions(self.predictions))
+        with rundir.merging(plan.out):
+            rows = rundir.read_all_predictions(plan.out)
+            record = self._sharded_record(plan.out, rows)
+            if record["status"] not in rundir.FINISHED:
+                rundir.write_json(plan.out / rundir.RUN, record)
+                self.tracker.finish()
+                print(f"shard {self.shard} of {plan.out} is done; the point is {record['status']}: {record['error']}")
+                return None
+            # The last shard merges: predictions.jsonl first (a crash before the shards' files go leaves each row
+            # twice, read once), then run.json, then the shards' files.
+            rundir.rewrite_predictions(plan.out / rundir.PREDICTIONS, rows)
+            rundir.write_json(plan.out / rundir.RUN, record)
+            rundir.remove_shard_files(plan.out)
+            return self._score(rows)
+
+    def _score(self, rows: list[dict]) -> dict:
+        """Score every row of the run, kept in the benchmark's order, and write metrics.json."""
+        plan = self.plan
+        predictions = plan.out / rundir.PREDICTIONS
         # Answered in kvpress's order (contexts sorted), kept in the benchmark's, as kvpress's predictions.csv is.
         position = {sample.id: index for index, sample in enumerate(plan.samples)}
         in_order = sorted(rows, key=lambda row: position.get(row["id"], len(position)))
         if in_order != rows:
-            rundir.rewrite_predictions(self.predictions, in_order)
+            rundir.rewrite_predictions(predictions, in_order)
             rows = in_order
         try:
-            metrics = score_rows(plan.benchmark, rows, where=str(self.predictions))
+            metrics = score_rows(plan.benchmark, rows, where=str(predictions))
         except Exception as error:
             # A run never stays "complete" without its metrics: run.json says that scoring failed and why.
             failure = f"scoring failed: {type(error).__name__}: {' '.join(str(error).split())}"
@@ -323,14 +392,15 @@ class Recorder:
         return rundir.FINISHED[1] if self.n_errors else rundir.FINISHED[0]
 
     def _write_run(self, status: str, **detail: str) -> None:
+        """This session's record: run.json for a whole run, the shard's own record for a shard."""
         unanswered = {"unanswered": self.unanswered, "error": self.environment_error} if self.unanswered else {}
         record = {
             "status": status,
             **unanswered,
             **detail,
             "samples": len(self.done_ids),
-            "session_samples": len(self.done_ids) - len(self.plan.kept_rows),
-            "samples_expected": len(self.plan.samples),
+            "session_samples": len(self.done_ids) - len(self.kept_rows),
+            "samples_expected": len(self.plan.share),
             "errors": self.n_errors,
             "truncated_samples": self.truncated,
             **self.stats.record(),
@@ -340,4 +410,68 @@ class Recorder:
             "started_at": self.stats.started_at,
             "updated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
-        rundir.write_json(self.plan.out / rundir.RUN, record)
+        rundir.write_json(self.record_path, record)
+
+    def _update_point(self) -> None:
+        """A shard keeps its point's run.json saying how the point stands (a whole run's session record is it)."""
+        if not self.shard.whole:
+            with rundir.merging(self.plan.out):
+                rundir.write_json(self.plan.out / rundir.RUN, self._sharded_record(self.plan.out))
+
+    def _sharded_record(self, out, rows: list[dict] | None = None) -> dict:
+        """run.json of a point that shards answer: what the whole runs before them recorded (``unsharded``) plus
+        every shard's sessions; its status says whether every sample is answered, a shard still runs, or which
+        shards' samples are missing. Each shard's own state is under ``shards``."""
+        plan = self.plan
+        rows = rundir.read_all_predictions(out) if rows is None else rows
+        recorded = rundir.read_json(out / rundir.RUN) or {}
+        base = recorded["unsharded"] if "unsharded" in recorded else recorded
+        records = {}
+        for path in rundir.shard_paths(out, ".json"):
+            try:
+                records[path.stem] = rundir.read_record(path)
+            except rundir.Unreadable as error:
+                logger.warning("%s; its sessions are left out of %s", error, rundir.RUN)
+        live = set(rundir.live_shards(out)) - {self.shard.name}
+        answered = {row["id"] for row in rows}
+        missing = [sample for sample in plan.samples if sample.id not in answered]
+        errors = sum(1 for row in rows if row.get("error"))
+        stats = RunStats.combined([base, *records.values()])
+        state = {}
+        if missing:
+            status = "running" if live else "incomplete"
+            unanswered_contexts = {sample.context for sample in missing}
+            shards = [
+                shard
+                for shard in (Shard(index, self.shard.count) for index in range(self.shard.count))
+                if shard.contexts(sample.context for sample in plan.samples) & unanswered_contexts
+            ]
+            state = {
+                "unanswered": len(missing),
+                "error": f"shards {', '.join(map(str, shards))} have samples unanswered"
+                + ("" if live else "; run each again with shard=INDEX/COUNT, or the point in one process"),
+                "shards": {
+                    name: {key: record.get(key) for key in ("status", "samples", "samples_expected", "updated_at")}
+                    | ({"running": True} if name in live else {})
+                    for name, record in records.items()
+                },
+                "unsharded": base,
+            }
+        else:
+            status = rundir.FINISHED[1] if errors else rundir.FINISHED[0]
+        every = [base, *records.values()]
+        truncated = [record.get("truncated_samples") for record in every if record.get("truncated_samples")]
+        return {
+            "status": status,
+            **state,
+            "samples": len(answered),
+            "samples_expected": len(plan.samples),
+            "errors": errors,
+            "truncated_samples": max(truncated, default=None),
+            **stats.record(),
+            "peak_memory_mb": max((record.get("peak_memory_mb") or 0.0 for record in every), default=0.0),
+            "device": self.plan.spec.device,
+            "sessions": stats.sessions,
+            "started_at": stats.started_at,
+            "updated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }

@@ -145,7 +145,21 @@ def sweep_summary(cfgs: Sequence[DictConfig], metrics: Sequence[dict | None]) ->
     if failed:
         lines += [f"{len(failed)} points had failed samples (rerun with retry_errors=true to answer them again):"]
         lines += failed
-    return "\n".join(lines)
+    waiting = waiting_summary(cfgs, metrics)
+    return "\n".join([*lines, *([waiting] if waiting else [])])
+
+
+def waiting_summary(cfgs: Sequence[DictConfig], metrics: Sequence[dict | None]) -> str:
+    """The points that wait for other shards (evaluate/spec/shard.py), each with the shards whose samples are
+    missing and whether they still run, as its run.json says; empty when none waits."""
+    lines = []
+    for cfg, result in zip(cfgs, metrics, strict=True):
+        record = rundir.read_json(run_dir(cfg) / rundir.RUN) or {}
+        if result is None and "shards" in record:
+            lines.append(f"  {run_dir(cfg)}: {record['status']}, {record['unanswered']} samples: {record['error']}")
+    if not lines:
+        return ""
+    return "\n".join([f"{len(lines)} points wait for other shards (the last shard to finish scores each):", *lines])
 
 
 def interrupted_summary(cfgs: Sequence[DictConfig]) -> str:

@@ -17,6 +17,8 @@ NON_RESULT_KEYS = (
     "decode_batch_size",
     "decode_memory",
     "wait_for_locks",
+    # Which processes answered which contexts: a point begun with four shards can be finished with one.
+    "shard",
     # Adds the likelihood fields beside each prediction; the predictions are the same either way.
     "likelihood",
     # Which tables the report draws (an experiment preset's report: entry), not what a run computes.

@@ -169,8 +169,10 @@ def truncate(tokenizer, text: str, max_tokens: int, policy: str) -> str:
 class Plan:
     """One configuration of a run or sweep, planned: where it writes, what it runs, what is left to answer.
 
-    ``kept_rows`` are the prediction rows of earlier sessions that stay (none under ``overwrite``; failed ones are
-    dropped under ``retry_errors``); ``todo`` are the samples still to answer, in source order.
+    ``kept_rows`` are the prediction rows of earlier sessions that stay, every shard's (none under ``overwrite``;
+    failed ones are dropped under ``retry_errors``); ``share`` are the samples this process answers, all of them
+    unless it is one shard of several (evaluate/spec/shard.py); ``todo`` are those of them still to answer, in
+    source order.
     """
 
     spec: PointSpec
@@ -179,6 +181,7 @@ class Plan:
     press: BasePress | None
     samples: tuple[Sample, ...]
     kept_rows: tuple[dict, ...]
+    share: tuple[Sample, ...]
     todo: tuple[Sample, ...]
     context_tokens: Mapping[str, int]
 
@@ -216,8 +219,11 @@ class Plan:
         return truncate(tokenizer, sample.context, max_context, self.cfg.truncation)
 
 
-def previous_rows(out: Path, cfg: DictConfig, run_fingerprint: str) -> list[dict]:
-    """The rows an earlier session of this run left that this session keeps; refuses another configuration's."""
+def previous_rows(spec: PointSpec) -> list[dict]:
+    """The rows earlier sessions of this run left, a shard's included, that this session keeps; refuses another
+    configuration's. Only this process's own file is repaired (its torn last line cut): another shard may be
+    appending to its own."""
+    out, cfg, run_fingerprint = spec.out, spec.cfg, spec.fingerprint
     if cfg.overwrite:
         return []
     recorded = rundir.read_yaml(out / rundir.CONFIG)
@@ -226,7 +232,9 @@ def previous_rows(out: Path, cfg: DictConfig, run_fingerprint: str) -> list[dict
             f"{out} holds predictions of a different configuration; pass overwrite=true to discard them "
             "or output_dir=... to keep both"
         )
-    rows = rundir.read_predictions(out / rundir.PREDICTIONS, repair=True)
+    own = out / rundir.PREDICTIONS if spec.shard.whole else rundir.shard_path(out, spec.shard.name, ".jsonl")
+    rundir.read_predictions(own, repair=True)
+    rows = rundir.read_all_predictions(out)
     return [row for row in rows if not row.get("error")] if cfg.retry_errors else rows
 
 
@@ -239,9 +247,11 @@ def make_plan(spec: PointSpec, tokenizer) -> Plan:
     context_tokens = {s.context: len(tokenizer.encode(s.context, add_special_tokens=False)) for s in samples}
     question_tokens = max(len(tokenizer.encode(s.question, add_special_tokens=False)) for s in samples)
     validate_context_lengths(cfg, min(context_tokens.values()) + (question_tokens if cfg.query_aware else 0))
-    kept = previous_rows(out, cfg, spec.fingerprint)
+    kept = previous_rows(spec)
     check_same_samples(out, kept, samples)
     done = {row["id"] for row in kept}
+    contexts = spec.shard.contexts(sample.context for sample in samples)
+    share = tuple(sample for sample in samples if sample.context in contexts)
     return Plan(
         spec=spec,
         benchmark=benchmark,
@@ -249,6 +259,7 @@ def make_plan(spec: PointSpec, tokenizer) -> Plan:
         press=build_press(cfg),
         samples=tuple(samples),
         kept_rows=tuple(kept),
-        todo=tuple(sample for sample in samples if sample.id not in done),
+        share=share,
+        todo=tuple(sample for sample in share if sample.id not in done),
         context_tokens=context_tokens,
     )

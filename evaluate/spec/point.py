@@ -10,6 +10,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from evaluate.errors import ConfigError
 from evaluate.spec.config import (
     attention_implementation,
     effective_cr,
@@ -19,6 +20,7 @@ from evaluate.spec.config import (
     resolve_device,
     run_dir,
 )
+from evaluate.spec.shard import Shard, resolve_shard
 
 
 @dataclass(frozen=True)
@@ -33,10 +35,17 @@ class PointSpec:
     attention: str
     device: str
     model_key: str
+    shard: Shard = Shard()
 
 
 def resolve(cfg: DictConfig) -> PointSpec:
     """``cfg``'s spec; ``cfg`` has been typed and validated (evaluate/run/entry.py does both, once)."""
+    shard = resolve_shard(cfg.get("shard"))
+    if not shard.whole and (cfg.overwrite or cfg.retry_errors):
+        raise ConfigError(
+            f"overwrite and retry_errors rewrite every shard's rows, which shard {shard} cannot do beside the others: "
+            "run them once without shards (one process), then shard the rest"
+        )
     return PointSpec(
         cfg=cfg,
         out=run_dir(cfg),
@@ -46,4 +55,5 @@ def resolve(cfg: DictConfig) -> PointSpec:
         attention=attention_implementation(cfg),
         device=resolve_device(cfg.device),
         model_key=model_key(cfg),
+        shard=shard,
     )

@@ -44,6 +44,7 @@ class Settings:
     fail_fast: bool = MISSING
     retry_errors: bool = MISSING
     wait_for_locks: bool = MISSING
+    shard: str | None = MISSING
 
 
 _MEANINGS = {float: "a number", int: "a whole number", bool: "true or false", str: "a string"}
