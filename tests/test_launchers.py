@@ -2,7 +2,6 @@
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -16,9 +15,9 @@ from hydra.core.utils import JobStatus
 from submitit.core.utils import DelayedSubmission
 
 from evaluate import rundir
-from evaluate.run.entry import run
+from evaluate.run.entry import run, run_sweep
 from evaluate.spec.config import run_dir
-from hydra_plugins.pressbench_gpus_launcher.gpus_launcher import _outcomes, _Worker, partition, visible_gpus
+from hydra_plugins.pressbench_gpus_launcher.gpus_launcher import _combined, _outcomes, _Worker, visible_gpus
 from tests.support import SharedContextBenchmark, compose_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -55,35 +54,6 @@ def rows_without(path: Path, keys: tuple[str, ...]) -> list[dict]:
 
 
 # --- gpus launcher -------------------------------------------------------------------------------------------
-
-
-def test_partition_keeps_groups_together_and_balances_to_one_job():
-    assert partition(["a", "a", "b", "b"], 2) == [[0, 1], [2, 3]]
-    # Interleaved sweep order: each worker still gets one key.
-    assert partition(["a", "b", "a", "b"], 2) == [[0, 2], [1, 3]]
-    # One big group on more GPUs: cut into shares of 3 or 2.
-    assert [len(share) for share in partition(["a"] * 18, 8)] == [3, 3, 2, 2, 2, 2, 2, 2]
-    # An uneven pair of groups: balance wins, the larger group is cut once.
-    assert partition(["a"] * 10 + ["b"], 2) == [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10]]
-    # Three groups of 10 on two GPUs: only the middle group is split.
-    assert partition(["a"] * 10 + ["b"] * 10 + ["c"] * 10, 2) == [list(range(15)), list(range(15, 30))]
-    # Fewer jobs than GPUs: the extra GPUs stay idle.
-    assert partition(["a", "b", "c"], 8) == [[0], [1], [2]]
-    assert partition(["a", "b"], 1) == [[0, 1]]
-
-
-def test_partition_properties_on_random_sweeps():
-    rng = random.Random(0)
-    for _ in range(300):
-        keys = [rng.choice("abcdef") for _ in range(rng.randint(1, 40))]
-        workers = rng.randint(1, 9)
-        shares = partition(keys, workers)
-        assert sorted(p for share in shares for p in share) == list(range(len(keys)))
-        sizes = [len(share) for share in shares]
-        assert len(shares) == min(workers, len(keys)) and max(sizes) - min(sizes) <= 1
-        # Each cut between two shares splits at most one key.
-        pieces = sum(len({keys[p] for p in share}) for share in shares)
-        assert pieces - len(set(keys)) <= workers - 1
 
 
 def test_visible_gpus(monkeypatch):
@@ -145,37 +115,73 @@ GPUS_SWEEP = (
 
 
 @pytest.mark.slow  # a multirun whose two workers each start Python, torch and kvpress (~30 s on 2 CPU cores)
-@pytest.mark.parametrize(("visible", "expected"), [("0,1", {"tiny-random": "0", "tiny-random-qwen3": "1"}), ("", {})])
-def test_each_worker_sees_only_its_own_gpu_and_runs_its_jobs_like_a_separate_run(tmp_path, visible, expected):
+@pytest.mark.parametrize(("visible", "expected"), [("0,1", {"0", "1"}), ("", {""})])
+def test_each_worker_sees_only_its_own_gpu_and_its_shard_gives_a_separate_runs_rows(tmp_path, visible, expected):
     process = cli(tmp_path / "sweep", *GPUS_SWEEP, env={"CUDA_VISIBLE_DEVICES": visible})
     _, stderr = process.communicate(timeout=900)
     assert process.returncode == 0, stderr[-3000:]
 
-    seen = {}
+    workers = set()
     for model, cr in [(m, c) for m in ("tiny_random", "tiny_random_qwen3") for c in ("0.3", "0.6")]:
         overrides = (f"model={model}", "press=eg_chunkkv", f"cr={cr}", "limit=null", "likelihood=false")
         benchmark = in_code_benchmark(f"{__name__}.DeviceRecordingBenchmark")
-        swept = run_dir(compose_config(tmp_path / "sweep", *overrides, *benchmark)) / rundir.PREDICTIONS
-        rows = rundir.read_predictions(swept)
-        assert len(rows) == 9 and len({(row["pid"], row["cuda_visible_devices"]) for row in rows}) == 1
-        seen[(model, cr)] = (rows[0]["pid"], rows[0]["cuda_visible_devices"])
+        swept = run_dir(compose_config(tmp_path / "sweep", *overrides, *benchmark))
+        rows = rundir.read_predictions(swept / rundir.PREDICTIONS)
+        # With two GPUs, each worker answered its shard of the contexts of every point, seeing its own GPU only.
+        seen = {(row["pid"], row["cuda_visible_devices"]) for row in rows}
+        assert len(rows) == 9 and {devices for _, devices in seen} == expected and len(seen) == len(expected)
+        assert json.loads((swept / rundir.RUN).read_text())["status"] == "complete"
+        workers |= seen
         reference = compose_config(tmp_path / "reference", *overrides, *benchmark)
         run(reference)
-        assert rows_without(swept, RECORDED) == rows_without(run_dir(reference) / rundir.PREDICTIONS, RECORDED)
+        assert rows_without(swept / rundir.PREDICTIONS, RECORDED) == rows_without(
+            run_dir(reference) / rundir.PREDICTIONS, RECORDED
+        )
 
-    pids = {pid for pid, _ in seen.values()}
-    assert process.pid not in pids
+    assert process.pid not in {pid for pid, _ in workers} and len(workers) == len(expected)
     sweep_logs = next((tmp_path / "sweep" / "multirun").iterdir()) / "gpus"
-    if expected:
-        # Jobs of one model share a worker; each worker saw its own GPU and nothing else.
-        for (model, _), (_, devices) in seen.items():
-            assert devices == expected[model.replace("_", "-")]
-        assert len(pids) == 2
-        assert sorted(path.name for path in sweep_logs.iterdir()) == ["0.log", "1.log"]
-    else:
-        # No GPU: one worker on the CPU, with the environment it was given.
-        assert len(pids) == 1 and {devices for _, devices in seen.values()} == {""}
-        assert [path.name for path in sweep_logs.iterdir()] == ["cpu.log"]
+    assert sorted(path.name for path in sweep_logs.iterdir()) == sorted(f"{d or 'cpu'}.log" for d in expected)
+
+
+def test_a_job_takes_the_score_of_the_shard_that_scored_its_point():
+    failure = RuntimeError("worker on GPU 1 failed")
+    done, waiting, failed = (JobStatus.COMPLETED, 31.0), (JobStatus.COMPLETED, None), (JobStatus.FAILED, failure)
+    assert _combined([waiting, done]) == done and _combined([done, failed]) == done
+    assert _combined([waiting, failed]) == failed and _combined([waiting, waiting]) == waiting
+
+
+# --- torchrun ------------------------------------------------------------------------------------------------
+
+TORCHRUN_SWEEP = (
+    "model=tiny_random",
+    "press=eg_chunkkv",
+    "cr=0.3,0.6",
+    "limit=null",
+    "likelihood=false",  # as GPUS_SWEEP: processes on shared cores, and the test is about the launch
+    *in_code_benchmark("tests.support.SharedContextBenchmark", "+benchmark.contexts=4"),
+)
+
+
+@pytest.mark.slow  # torchrun and two `python -m evaluate` ranks (~40 s on 2 CPU cores)
+def test_torchrun_ranks_shard_a_sweep_and_write_what_one_process_writes(tmp_path):
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    command += ["--log-dir", str(tmp_path / "logs"), "--redirects", "3", "-m", "evaluate", "-m"]
+    command += [f"output_dir={tmp_path / 'sweep'}", "device=cpu", *TORCHRUN_SWEEP]
+    finished = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+
+    points = [(cr, *TORCHRUN_SWEEP[:2], *TORCHRUN_SWEEP[3:]) for cr in ("cr=0.3", "cr=0.6")]
+    run_sweep([compose_config(tmp_path / "reference", *point) for point in points])
+    for point in points:
+        sharded, alone = (run_dir(compose_config(tmp_path / where, *point)) for where in ("sweep", "reference"))
+        for name in (rundir.PREDICTIONS, rundir.METRICS):
+            assert (sharded / name).read_text() == (alone / name).read_text()
+        assert not list((sharded / rundir.SHARDS).glob("*.json*"))
+    # Each rank's output in a log of its own, under the directory torchrun was given.
+    logs = sorted((tmp_path / "logs").rglob("stdout.log"))
+    assert len(logs) == 2
+    summaries = [log.read_text() for log in logs]
+    assert any("sweep of 2 points" in text for text in summaries)
 
 
 # --- SLURM launcher ------------------------------------------------------------------------------------------

@@ -1,10 +1,10 @@
 """``hydra/launcher=gpus``: a multirun's jobs in parallel on one node, one worker process per visible GPU.
 
-Each worker is a fresh Python process started with ``CUDA_VISIBLE_DEVICES=<its GPU>``, so it sees exactly one
-device, as ``cuda:0``, before anything imports torch (joblib's workers all inherit the parent's devices and all
-land on GPU 0). A worker runs its whole share through ``evaluate.run.entry.run_sweep``, which loads each model once
-and shares prefills between compatible points; so jobs of one (model, benchmark) are kept on one worker where the
-balance allows. Without a GPU there is a single worker on the CPU.
+A thin wrapper over sharding (evaluate/spec/shard.py), as ``torchrun --nproc-per-node N -m evaluate -m ...`` is: with
+N visible GPUs, worker i runs every point of the sweep on shard i/N of the contexts, so each context is prefilled
+once on the node and the last shard to finish a point scores it. Each worker is a fresh Python process started with
+``CUDA_VISIBLE_DEVICES=<its GPU>``, so it sees exactly one device, as ``cuda:0``, before anything imports torch.
+Without a GPU there is a single worker on the CPU, running the whole sweep.
 
 The parent composes every job (as Hydra's own launchers do) and hands each worker the resolved job configs; a
 worker's output goes to ``<sweep dir>/gpus/<device>.log``. Hydra job callbacks are not called for these jobs.
@@ -19,8 +19,8 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -64,27 +64,6 @@ def visible_gpus(requested: str | int | Sequence[Any] | None = None) -> list[str
     return devices
 
 
-def partition(keys: Sequence[Hashable], workers: int) -> list[list[int]]:
-    """Job positions for each worker, keeping jobs with equal keys together as far as balance allows.
-
-    Jobs are ordered by key (keys in order of first appearance, jobs in sweep order within a key) and cut into
-    ``workers`` contiguous shares whose sizes differ by at most one job, so at most ``workers - 1`` keys are
-    split between two workers. With fewer jobs than workers, the extra workers get nothing and are left out.
-    """
-    first_seen: dict[Hashable, int] = {}
-    for key in keys:
-        first_seen.setdefault(key, len(first_seen))
-    order = sorted(range(len(keys)), key=lambda position: first_seen[keys[position]])
-    base, extra = divmod(len(order), workers)
-    shares, start = [], 0
-    for worker in range(workers):
-        size = base + (worker < extra)
-        if size:
-            shares.append(order[start : start + size])
-        start += size
-    return shares
-
-
 @dataclass
 class _Job:
     index: int
@@ -126,6 +105,7 @@ class GpusLauncher(Launcher):
         from evaluate.run.entry import checked
         from evaluate.rundir import remove_created
         from evaluate.spec.config import validate_choices
+        from evaluate.spec.shard import Shard
 
         setup_globals()
         assert self.config is not None and self.hydra_context is not None
@@ -133,30 +113,31 @@ class GpusLauncher(Launcher):
         log_dir = Path(str(self.config.hydra.sweep.dir)) / "gpus"
 
         devices = visible_gpus(self.gpus)
-        used = devices[: len(job_overrides)]
         log.info(
             "Launching %d jobs on %s",
             len(job_overrides),
-            f"{len(used)} GPUs ({', '.join(used)})" if devices else "the CPU (no GPU visible)",
+            f"{len(devices)} GPUs ({', '.join(devices)}), one shard each" if devices else "the CPU (no GPU visible)",
         )
         jobs = [self._compose(initial_job_idx + offset, overrides) for offset, overrides in enumerate(job_overrides)]
         try:  # every point checked before any worker starts: one bad point refuses the sweep in one line
             for job in jobs:
                 validate_choices(job.sweep_config.hydra.runtime.choices)
             specs = checked([OmegaConf.create(job.resolved) for job in jobs])
+            if len(devices) > 1 and any(not spec.shard.whole for spec in specs):
+                raise ConfigError("hydra/launcher=gpus shards the sweep over the GPUs itself: drop shard=")
         except ConfigError as error:
             remove_created(self.created)  # and leaves no sweep folder behind
             refuse(error)
         log_dir.mkdir(parents=True, exist_ok=True)
-        # The sweep's own grouping: jobs of one model key load it once on their worker.
-        shares = partition([spec.model_key for spec in specs], max(1, len(devices)))
+        # Every worker runs every point, on its shard of the contexts (evaluate/spec/shard.py).
+        count = max(1, len(devices))
         with tempfile.TemporaryDirectory(prefix="pressbench-gpus-") as scratch:
             workers = []
             try:
-                for number, share in enumerate(shares):
+                for number in range(count):
                     device = devices[number] if devices else None
-                    share_jobs, share_specs = [jobs[p] for p in share], [specs[p] for p in share]
-                    workers.append(self._start(device, share_jobs, share_specs, Path(scratch), log_dir))
+                    shard = [replace(spec, shard=Shard(number, count)) for spec in specs] if count > 1 else specs
+                    workers.append(self._start(device, jobs, shard, Path(scratch), log_dir))
                 _wait(workers)
             except BaseException:
                 _stop(workers)
@@ -164,11 +145,10 @@ class GpusLauncher(Launcher):
             finally:
                 for worker in workers:
                     worker.log_handle.close()
-            returns: dict[int, JobReturn] = {}
-            for worker in workers:
-                for job, (status, value) in zip(worker.jobs, _outcomes(worker), strict=True):
-                    returns[job.index] = _job_return(job, status, value)
-        return [returns[job.index] for job in jobs]
+            outcomes = [_outcomes(worker) for worker in workers]
+        return [
+            _job_return(job, *_combined([each[position] for each in outcomes])) for position, job in enumerate(jobs)
+        ]
 
     def _compose(self, index: int, overrides: Sequence[str]) -> _Job:
         """One job's config, as Hydra's launchers build it, with the job part resolved for the worker."""
@@ -260,6 +240,15 @@ def _outcomes(worker: _Worker) -> list[tuple[JobStatus, Any]]:
     )
     error = RuntimeError(f"worker on {where} {reason}; log {worker.log_path}:\n{_log_tail(worker.log_path)}")
     return [(JobStatus.FAILED, error)] * len(worker.jobs)
+
+
+def _combined(outcomes: list[tuple[JobStatus, Any]]) -> tuple[JobStatus, Any]:
+    """A job's outcome over the shards that ran it: the score of the shard that scored the point (its last), else
+    the first failure, else completed without a score (a point left to another process)."""
+    for status, value in outcomes:
+        if status == JobStatus.COMPLETED and value is not None:
+            return status, value
+    return next(((s, v) for s, v in outcomes if s == JobStatus.FAILED), (JobStatus.COMPLETED, None))
 
 
 def _job_return(job: _Job, status: JobStatus, value: Any) -> JobReturn:
