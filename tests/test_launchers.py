@@ -282,7 +282,68 @@ def test_submitit_local_job_preempted_mid_run_is_requeued_and_resumes_to_the_uni
         assert rundir.read_json(swept / rundir.RUN)["sessions"] == sessions
 
 
+@pytest.mark.slow  # one `python -m evaluate` process (~10 s)
+def test_sharded_slurm_launcher_submits_one_array_task_per_shard_each_with_every_job(tmp_path):
+    fake_slurm(tmp_path / "bin")
+    script = tmp_path / "sbatch.sh"
+    process = cli(
+        tmp_path / "runs",
+        "hydra/launcher=slurm",
+        "hydra.launcher.shards=4",
+        "model=tiny_random",
+        "cr=0.3,0.5,0.7",
+        env={"PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}", "SBATCH_RECORD": str(script)},
+    )
+    _, stderr = process.communicate(timeout=600)
+    assert process.returncode != 0 and "sbatch: no cluster" in stderr
+    flags = {line for line in script.read_text().splitlines() if line.startswith("#SBATCH")}
+    assert {"#SBATCH --array=0-3%4", "#SBATCH --requeue", "#SBATCH --signal=USR2@120"} <= flags
+    submissions = sorted(next((tmp_path / "runs" / "multirun").iterdir()).glob(".submitit/*.pkl"))
+    tasks = set()
+    for path in submissions:
+        submission = DelayedSubmission.load(path)
+        overrides, _, task, shards, _ = submission.args
+        assert shards == 4 and {item for job in overrides for item in job if item.startswith("cr=")} == {
+            "cr=0.3",
+            "cr=0.5",
+            "cr=0.7",
+        }
+        assert submission._checkpoint_function().args == submission.args  # requeued as it was
+        tasks.add(task)
+    assert tasks == {0, 1, 2, 3}
+
+
+@pytest.mark.slow  # two shards through submitit's local executor, one preempted and requeued (~1 min)
+def test_a_preempted_shard_is_requeued_and_the_sharded_sweep_ends_as_one_process_would(tmp_path):
+    sharded = ("hydra/launcher=slurm_local", "hydra.launcher.shards=2")
+    process = cli(tmp_path / "runs", *sharded, *REQUEUE_RUN, "cr=0.3,0.6")
+    preempted = run_dir(compose_config(tmp_path / "runs", *REQUEUE_RUN, "cr=0.3"))
+    predictions = rundir.shard_path(preempted, "0-of-2", ".jsonl")
+    deadline = time.monotonic() + 600
+    while not predictions.exists() or not predictions.read_bytes().count(b"\n"):
+        assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()[-3000:]
+        time.sleep(0.05)
+    lock = rundir.shard_path(preempted, "0-of-2", ".lock")
+    holder = int(lock.read_text().split()[1])
+    os.kill(holder, signal.SIGUSR2)
+    _, stderr = process.communicate(timeout=900)
+    assert process.returncode == 0, stderr[-3000:]
+
+    job_logs = "".join(p.read_text() for p in (tmp_path / "runs" / "multirun").rglob("*_log.*"))
+    assert "this job is preempted" in job_logs and "Requeued job" in job_logs
+    for cr in ("0.3", "0.6"):
+        swept = run_dir(compose_config(tmp_path / "runs", *REQUEUE_RUN, f"cr={cr}"))
+        reference = compose_config(tmp_path / "reference", *REQUEUE_RUN, f"cr={cr}")
+        run(reference)
+        for name in (rundir.PREDICTIONS, rundir.METRICS):
+            assert (swept / name).read_text() == (run_dir(reference) / name).read_text()
+        record = rundir.read_json(swept / rundir.RUN)
+        assert record["status"] == "complete" and record["samples"] == 18
+    assert rundir.read_json(preempted / rundir.RUN)["sessions"] == 3  # shard 0/2 twice, shard 1/2 once
+
+
 def test_launcher_module_imports_no_torch_at_plugin_scan():
     # Hydra imports every plugin module at start-up, for every command; the launcher must stay cheap to import.
-    code = "import sys, hydra_plugins.pressbench_gpus_launcher.gpus_launcher; print('torch' in sys.modules)"
+    modules = ("pressbench_gpus_launcher.gpus_launcher", "pressbench_slurm_launcher.slurm_launcher")
+    code = f"import sys, {', '.join('hydra_plugins.' + module for module in modules)}; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True).stdout == "False\n"

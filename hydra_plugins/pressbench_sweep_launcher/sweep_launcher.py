@@ -37,6 +37,26 @@ def group_by_sweep(task_config: DictConfig, sweep_dir: str) -> None:
         task_config.wandb.group = f"sweep-{Path(str(sweep_dir)).name}"
 
 
+def compose_jobs(
+    hydra_context: HydraContext, config: DictConfig, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+) -> tuple[list[DictConfig], list[DictConfig]]:
+    """Each job's sweep config (with Hydra's part) and task config (without it), as Hydra's launchers compose
+    them, for a launcher that runs every job as one sweep."""
+    sweep_configs, task_configs = [], []
+    for index, overrides in enumerate(job_overrides):
+        log.info(f"\t#{initial_job_idx + index} : {' '.join(filter_overrides(overrides))}")
+        sweep_config = hydra_context.config_loader.load_sweep_config(config, list(overrides))
+        with open_dict(sweep_config):
+            sweep_config.hydra.job.id = sweep_config.hydra.job.num = initial_job_idx + index
+        task_config = sweep_config.copy()
+        with open_dict(task_config):
+            del task_config["hydra"]
+            group_by_sweep(task_config, sweep_config.hydra.sweep.dir)
+        sweep_configs.append(sweep_config)
+        task_configs.append(task_config)
+    return sweep_configs, task_configs
+
+
 class SharedPrefillLauncher(Launcher):
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         from evaluate.rundir import first_missing
@@ -56,18 +76,7 @@ class SharedPrefillLauncher(Launcher):
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
         log.info(f"Launching {len(job_overrides)} jobs as one sweep (shared model loads and prefills)")
-        sweep_configs, task_configs = [], []
-        for index, overrides in enumerate(job_overrides):
-            log.info(f"\t#{initial_job_idx + index} : {' '.join(filter_overrides(overrides))}")
-            sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
-            with open_dict(sweep_config):
-                sweep_config.hydra.job.id = sweep_config.hydra.job.num = initial_job_idx + index
-            task_config = sweep_config.copy()
-            with open_dict(task_config):
-                del task_config["hydra"]
-                group_by_sweep(task_config, sweep_config.hydra.sweep.dir)
-            sweep_configs.append(sweep_config)
-            task_configs.append(task_config)
+        sweep_configs, task_configs = compose_jobs(self.hydra_context, self.config, job_overrides, initial_job_idx)
         # Every point is checked before any runs: one bad point refuses the sweep in one line, as a single run,
         # and leaves no sweep folder behind.
         choices = [sweep_config.hydra.runtime.choices for sweep_config in sweep_configs]

@@ -1,0 +1,1 @@
+"""PressBench's SLURM launcher: hydra-submitit-launcher's, with the sweep sharded by context (``shards: N``)."""
