@@ -373,6 +373,25 @@ def locked(run_directory: Path, wait: bool = False, shard: str | None = None) ->
         yield
 
 
+def _lock_files(run_directory: Path) -> list[Path]:
+    return [run_directory / LOCK, run_directory / MERGE_LOCK, *shard_paths(run_directory, ".lock")]
+
+
+def holds_only_locks(run_directory: Path) -> bool:
+    """Whether the run directory holds nothing but the locks a run (or a shard) took."""
+    shards = run_directory / SHARDS
+    files = [path for path in run_directory.rglob("*") if path != shards]
+    return set(files) <= set(_lock_files(run_directory))
+
+
+def remove_locks(run_directory: Path) -> None:
+    """Remove a refused run's locks, and its shards folder when that empties."""
+    for path in _lock_files(run_directory):
+        path.unlink(missing_ok=True)
+    if (run_directory / SHARDS).is_dir() and not any((run_directory / SHARDS).iterdir()):
+        (run_directory / SHARDS).rmdir()
+
+
 @contextmanager
 def merging(run_directory: Path) -> Iterator[None]:
     """Hold what a point's shards share (run.json, the merge) while one shard reads and rewrites it."""

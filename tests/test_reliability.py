@@ -485,8 +485,9 @@ def test_ctrl_c_or_sigterm_ends_in_one_line_with_what_was_kept_and_the_command_t
     assert (record["status"], record["signal"], record["samples"]) == ("interrupted", signal.Signals(signum).name, kept)
 
 
-def test_a_run_refused_while_planning_leaves_no_folder_holding_only_its_lock(tmp_path):
-    cfg = with_shared_context(compose_config(tmp_path, "press=topk", "scorer.press.window_size=100000"))
+@pytest.mark.parametrize("shard", [[], ["shard=1/2"]], ids=["whole", "shard"])
+def test_a_run_refused_while_planning_leaves_no_folder_holding_only_its_lock(tmp_path, shard):
+    cfg = with_shared_context(compose_config(tmp_path, "press=topk", "scorer.press.window_size=100000", *shard))
     with pytest.raises(ConfigError, match="scorer snapkv needs contexts longer than 100000 tokens"):
         run(cfg)
     assert list(tmp_path.iterdir()) == []

@@ -147,8 +147,8 @@ def run_specs(specs: Sequence[PointSpec], single: bool = False) -> list[dict | N
         # A point refused while planning (its data is broken or changed, its predictions are damaged) leaves no
         # folder that holds only the lock this sweep created, nor the empty folders above it.
         for out, top in created.items():
-            if out.is_dir() and [path.name for path in out.iterdir()] == [rundir.LOCK]:
-                (out / rundir.LOCK).unlink()
+            if out.is_dir() and rundir.holds_only_locks(out):
+                rundir.remove_locks(out)
                 for folder in (out, *out.parents[: len(out.parents) - len(top.parents)]):
                     if any(folder.iterdir()):
                         break

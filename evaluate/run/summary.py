@@ -13,6 +13,7 @@ from evaluate import rundir
 from evaluate.report.runs import flatten
 from evaluate.spec.config import effective_cr, method_name, run_dir
 from evaluate.spec.keys import NON_RESULT_KEYS
+from evaluate.spec.shard import resolve_shard
 
 # Overrides that choose the press; the uncompressed run of the same samples drops them.
 PRESS_OVERRIDES = ("press=", "press.", "scorer=", "scorer.", "cr=", "+press.", "+scorer.", "method=")
@@ -162,10 +163,16 @@ def waiting_summary(cfgs: Sequence[DictConfig], metrics: Sequence[dict | None]) 
     return "\n".join([f"{len(lines)} points wait for other shards (the last shard to finish scores each):", *lines])
 
 
+def session_record(cfg: DictConfig) -> Path:
+    """The file this process's sessions of ``cfg`` are recorded in: run.json, or its shard's own record."""
+    shard = resolve_shard(cfg.get("shard"))
+    return run_dir(cfg) / rundir.RUN if shard.whole else rundir.shard_path(run_dir(cfg), shard.name, ".json")
+
+
 def interrupted_summary(cfgs: Sequence[DictConfig]) -> str:
     """The one line a run or sweep stopped by Ctrl-C or SIGTERM ends with: what this session answered and kept (the
     session_samples of each run.json; earlier sessions' rows are not its own), and the command that resumes it."""
-    records = [rundir.read_json(run_dir(cfg) / rundir.RUN) or {} for cfg in cfgs]
+    records = [rundir.read_json(session_record(cfg)) or {} for cfg in cfgs]
     kept = sum(record.get("session_samples", 0) for record in records)
     where = run_dir(cfgs[0]) if len(cfgs) == 1 else cfgs[0].output_dir
     command = shlex.join(["python", "-m", "evaluate", *sys.argv[1:]])
