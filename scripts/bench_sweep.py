@@ -11,17 +11,24 @@
     python scripts/bench_sweep.py --workload decode                 # decode-bound: 1,024 tokens, long answers
     python scripts/bench_sweep.py --model tiny_random --max-seq-length 1024   # a quick check of the script itself
     python scripts/bench_sweep.py --random-model --device cuda --dtype bfloat16  # Llama-3.1-8B's shape, random weights
+    python scripts/bench_sweep.py --shards 2                        # one process against 2 shard processes side by side
 
 Prints wall time, samples/s, peak resident memory, the speed-up, whether every point's predictions are
 byte-identical and the harness's compression seconds per point, and writes the same tables to
 results/bench/sweep_{workload}_{device}.md (``--out-dir``), with each run's prefill, compression and decode seconds,
 peak device memory and differing predictions in sweep_{workload}_{device}.csv.
+
+``--shards N`` times something else: the harness's sweep in one process against N processes side by side, each on
+its shard of the contexts (``shard=i/N``, as torchrun's ranks run it), with the contexts each way prefilled (read
+from the processes' logs), whether the merged predictions.jsonl and metrics.json of every point are byte-identical,
+into results/bench/shards_{workload}_{device}.md.
 """
 
 import argparse
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -73,6 +80,60 @@ def timed(command: list[str]) -> tuple[float, float]:
     return wall, usage.ru_maxrss / 1024
 
 
+def prefilled(log: str) -> int:
+    """The contexts a sweep prefilled, as its log says (evaluate/run/entry.py); 0 when it prefilled none."""
+    return sum(int(count) for count in re.findall(r"(\d+) contexts prefilled, once each", log))
+
+
+def sharded(sweep: list[str], shards: int, out: Path) -> tuple[float, float, int]:
+    """The sweep as ``shards`` processes side by side: wall seconds until the last ends, the largest peak resident
+    MiB, and the contexts they prefilled together."""
+    logs = [out.parent / f"{out.name}-{index}.log" for index in range(shards)]
+    start = time.perf_counter()
+    children = []
+    for index, log in enumerate(logs):
+        with log.open("w") as handle:
+            command = [*sweep, f"output_dir={out}", *([f"shard={index}/{shards}"] if shards > 1 else [])]
+            # As torchrun does: the cores shared among the processes, or their thread pools fight over them.
+            threads = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // shards))} if shards > 1 else {}
+            env = {**os.environ, **threads}
+            children.append(subprocess.Popen(command, cwd=REPO, stdout=handle, stderr=subprocess.STDOUT, env=env))
+    peak = 0.0
+    for child in children:
+        _, status, usage = os.wait4(child.pid, 0)
+        if os.waitstatus_to_exitcode(status) != 0:
+            raise subprocess.CalledProcessError(os.waitstatus_to_exitcode(status), child.args)
+        peak = max(peak, usage.ru_maxrss / 1024)
+    return time.perf_counter() - start, peak, sum(prefilled(log.read_text()) for log in logs)
+
+
+def compare_shards(sweep: list[str], shards: int, scratch: Path, title: str, out: Path) -> None:
+    """One process against ``shards`` side by side: the table of ``--shards``."""
+    ways = {count: sharded(sweep, count, scratch / f"shards{count}") for count in (1, shards)}
+    runs = sorted(path.name for path in (scratch / "shards1").iterdir() if (path / "metrics.json").exists())
+    identical = bool(runs) and all(
+        (scratch / f"shards{shards}" / name / file).read_bytes() == (scratch / "shards1" / name / file).read_bytes()
+        for name in runs
+        for file in ("predictions.jsonl", "metrics.json")
+    )
+    lines = [
+        title,
+        "",
+        "| processes | wall s | peak RSS MiB (largest process) | contexts prefilled |",
+        "|---:|---:|---:|---:|",
+        *(f"| {count} | {wall:.1f} | {peak:.0f} | {contexts} |" for count, (wall, peak, contexts) in ways.items()),
+        "",
+        f"Speed-up of {shards} shards: {ways[1][0] / ways[shards][0]:.2f}x. Contexts prefilled: {ways[1][2]} in one "
+        f"process, {ways[shards][2]} over {shards}. predictions.jsonl and metrics.json byte-identical for all "
+        f"{len(runs)} points: {identical}.",
+    ]
+    report = "\n".join(lines)
+    print(report)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(report + "\n")
+    print(f"written to {out}")
+
+
 def read_rows(path: Path) -> dict[str, str]:
     """Prediction of every sample id in a predictions.jsonl (empty when the file is missing)."""
     if not path.exists():
@@ -110,6 +171,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--limit", type=int, help="contexts per task")
     parser.add_argument("--max-seq-length", type=int)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--shards", type=int, help="time one process against this many shard processes instead")
     args = parser.parse_args(argv)
     for key, value in WORKLOADS[args.workload].items():
         if getattr(args, key) is None:
@@ -144,6 +206,14 @@ def main(argv: list[str] | None = None) -> None:
         # One sweep over every point: a union of one-point grids (hydra/sweeper=grids).
         grids = ",".join(f"{{press:{press},cr:{cr}}}" for press, cr in points)
         sweep = [*python, "-m", *common, "hydra/sweeper=grids", f"hydra.sweeper.grids=[{grids}]"]
+        if args.shards:
+            title = (
+                f"Sweep: {model_label}, {len(points)} points, ruler_synth {args.tasks} x {args.limit}, max_seq_length "
+                f"{args.max_seq_length}, {args.device}; {n_samples} samples in all, on {os.cpu_count()} CPU cores."
+            )
+            out = args.out_dir / f"shards_{args.workload}_{args.device.split(':')[0]}.md"
+            compare_shards(sweep, args.shards, Path(scratch), title, out)
+            return
         shared_wall, shared_peak = timed([*sweep, f"output_dir={shared_dir}"])
         print(f"harness: {shared_wall:.1f} s")
         one_by_one_dir = Path(scratch) / "one_by_one"

@@ -267,10 +267,14 @@ def _record(answered: Iterator[AnsweredGroup | Prefilled], recorders: list[Recor
     total = sum(len(recorder.plan.share) for recorder in recorders)
     done = sum(len(recorder.done_ids) for recorder in recorders)
     progress = tqdm(total=total, initial=done, unit="sample", desc=label, dynamic_ncols=True)
+    prefilled = None
     with progress, AnsweringClock([recorder.stats for recorder in recorders]):
         for result in answered:
             if isinstance(result, Prefilled):
+                prefilled = result
                 progress.set_postfix_str(f"contexts prefilled {result.contexts}/{result.of}")
                 continue
             recorders[result.point].record(result)
             progress.update(len(result.group))
+    if prefilled is not None:
+        logger.info("%d contexts prefilled, once each, for %d points", prefilled.contexts, len(recorders))
