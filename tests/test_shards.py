@@ -10,6 +10,7 @@ from evaluate.errors import ConfigError
 from evaluate.report.runs import ReportError, read_run
 from evaluate.run import recorder
 from evaluate.run.entry import run_sweep
+from evaluate.run.summary import sweep_summary
 from evaluate.spec.config import fingerprint, run_dir
 from evaluate.spec.shard import Shard, parse_shard, resolve_shard
 from tests.support import compose_config
@@ -92,6 +93,9 @@ def test_a_killed_shard_is_rerun_alone_and_the_point_is_never_complete_before(tm
     with pytest.raises(ReportError, match=f"status incomplete: {record['unanswered']} samples unanswered"):
         read_run(out)
     assert not (out / rundir.METRICS).exists()
+    # The sweep's closing lines name the points that wait, and for which shards.
+    summary = sweep_summary(sweep(tmp_path), [None, None, None])
+    assert "3 points wait for other shards" in summary and "shards 0/2 have samples unanswered" in summary
 
     finished = run_sweep(sweep(tmp_path, "shard=0/2"))
     assert all(result is not None for result in finished)
