@@ -56,9 +56,10 @@ def placed(load: Callable[[dict], torch.nn.Module], device: str, device_map: Dev
 
     ``load`` receives ``from_pretrained``'s placement arguments: a source that loads with ``from_pretrained`` passes
     them on, and transformers dispatches the model; a source that builds its model in code ignores them, and the
-    model is dispatched here with accelerate (``force_hooks``, so that a map naming one device is applied by hooks
-    too, as one naming several is). A map that offloads to ``disk`` gets a temporary folder that lives as long as the
-    model.
+    model is dispatched here with accelerate: by the map ``auto`` infers as ``from_pretrained`` does (no hooks where
+    it names one device), and by a given map always with hooks (``force_hooks``), so that a map naming one device is
+    applied as one naming several is. A map that offloads to ``disk`` gets a temporary folder that lives as long as
+    the model.
     """
     if device_map is None:
         return load({}).to(device).eval()
@@ -67,17 +68,17 @@ def placed(load: Callable[[dict], torch.nn.Module], device: str, device_map: Dev
     options = {"device_map": device_map, **({"offload_folder": offload.name} if offload else {})}
     model = load(options)
     if not hasattr(model, "hf_device_map"):
-        if device_map == "auto":
-            device_map = infer_auto_device_map(model, no_split_module_classes=model._no_split_modules)
+        inferred = device_map == "auto"
         model = dispatch_model(
             model,
-            device_map,
+            infer_auto_device_map(model, no_split_module_classes=model._no_split_modules) if inferred else device_map,
             offload_dir=offload.name if offload else None,
             # The caches travel unmoved: each layer keeps its own on its device (transformers' own setting).
             skip_keys=model._skip_keys_device_placement,
-            force_hooks=True,
+            force_hooks=not inferred,
         )
-    model.pressbench_offload_folder = offload
+    if offload is not None:
+        model.pressbench_offload_folder = offload
     return model.eval()
 
 
