@@ -8,6 +8,7 @@ import time
 
 import torch
 
+from evaluate.engine.devices import synchronizer
 from evaluate.engine.requests import RunningRow
 from evaluate.engine.slot_cache import SlotCache
 
@@ -17,6 +18,7 @@ class ModelRunner:
 
     def __init__(self, model):
         self.model = model
+        self.synchronize = synchronizer(model)
         self.forward_passes = 0
         self.peak_rows = 0
 
@@ -24,7 +26,7 @@ class ModelRunner:
         """The joining rows' first pass: their questions (and teacher-forced answers), left-padded. Returns the logits
         of the last columns each row needs: its last question token's, and each answer token's but the last. Leaves
         each slot's first answer token and its next position on the device for :meth:`decode_step`."""
-        device = self.model.device
+        device = cache.input_device
         lengths = [row.request.input_ids.shape[1] for row in rows]
         width = max(lengths)
         input_ids = torch.zeros(len(rows), width, dtype=torch.long, device=device)
@@ -39,6 +41,7 @@ class ModelRunner:
         cache.plan(slots, lengths, width)
         logits = self._forward(cache, input_ids, position_ids, keep)
         index = torch.tensor(slots, device=device)
+        # The logits come back to the input ids' device (accelerate's hook on the whole model moves them there).
         cache.tokens[index] = logits[:, -1].argmax(dim=-1)
         cache.positions[index] = position_ids[:, -1] + 1
         self._count(logits, rows, start)
@@ -80,8 +83,8 @@ class ModelRunner:
 
     def _count(self, logits: torch.Tensor | None, served: list[RunningRow], start: float) -> None:
         """Share the pass's time (its kernels included) and count among the rows it served."""
-        if logits is not None and logits.device.type == "cuda":
-            torch.cuda.synchronize(logits.device)
+        if logits is not None:
+            self.synchronize()
         self.peak_rows = max(self.peak_rows, len(served))
         self.forward_passes += 1
         share = (time.perf_counter() - start) / len(served)

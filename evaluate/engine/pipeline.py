@@ -14,6 +14,7 @@ from transformers import DynamicCache
 
 from evaluate.benchmarks import Sample
 from evaluate.engine.cost import Cost, kv_bytes, measure_kept_ratio
+from evaluate.engine.devices import input_device, synchronizer
 from evaluate.engine.requests import AnsweredGroup, hidden_keys
 from evaluate.engine.scheduler import DecodingPool
 from evaluate.engine.teacher_forcing import (
@@ -50,7 +51,7 @@ class PrefillProbe:
     """
 
     def __init__(self, model: torch.nn.Module):
-        self._synchronize = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
+        self._synchronize = synchronizer(model)
         self._handles = [
             model.model.register_forward_pre_hook(self._before, with_kwargs=True),
             model.model.register_forward_hook(self._after, with_kwargs=True),
@@ -149,9 +150,13 @@ def pipeline_budget(plan: Plan, tokenizer, budget: int) -> int:
 
 
 def make_pipeline(model, tokenizer, device: str):
+    """kvpress's pipeline over ``model`` on ``device``; over a model spread by a device map, with no device, as
+    kvpress's evaluate.py builds it with ``device_map="auto"`` (transformers refuses a device for a dispatched model,
+    and kvpress's pipeline sends its inputs to ``model.device`` either way)."""
     from kvpress import KVPressTextGenerationPipeline  # imported late: kvpress patches attention globally
 
-    return KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer, device=torch.device(device))
+    placement = None if hasattr(model, "hf_device_map") else torch.device(device)
+    return KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer, device=placement)
 
 
 def answer_with_pipeline(plan: Plan, model, tokenizer, budget: int) -> Iterator[AnsweredGroup]:
@@ -223,7 +228,7 @@ def pipeline_likelihood(
     """Each sample's likelihood fields on the cache kvpress's pipeline left (AdaKV's masks are still on the
     modules), against one more prefill of the context without the press; teacher-forced by the run's ``pool``
     (:func:`forcing_pool`) in the passes the pooled path makes for the same group."""
-    context_ids = inputs["context_ids"].to(model.device)
+    context_ids = inputs["context_ids"].to(input_device(model))
     questions = inputs["questions_ids"]
     answers = [reference_answer_ids(plan.benchmark, sample, tokenizer) for sample in group]
     hidden = hidden_keys([layer.self_attn for layer in model.model.layers])

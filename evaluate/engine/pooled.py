@@ -17,6 +17,7 @@ from transformers import DynamicCache
 
 from evaluate.benchmarks import Sample
 from evaluate.engine.cost import Cost, kv_bytes, measure_kept_ratio
+from evaluate.engine.devices import cuda_devices, input_device
 from evaluate.engine.pipeline import chat_template_enabled, make_pipeline, pipeline_budget
 from evaluate.engine.prefill import PrefillCapture, QuestionIds, RandomStream, clear_masks, compressed_cache
 from evaluate.engine.requests import AnsweredGroup, DecodeRequest, Prefilled, RowCost, hidden_keys
@@ -114,6 +115,7 @@ def answer_pooled(
     yields each point's answers on each context as they are finished (a failed context's with its failure), and
     after each context's prefill and compression, how many are done."""
     pipe = make_pipeline(model, tokenizer, plans[0].spec.device)
+    ids_device = input_device(model)
     language_model = model.model
     layers = language_model.layers
     for layer in layers:
@@ -129,7 +131,7 @@ def answer_pooled(
             work.setdefault(_work_key(plan, group, tokenizer, max_context), []).append((point, plan, group))
     # Contexts in kvpress's order (Plan.groups sorts by the compressed text), each point drawing from its own stream.
     work = dict(sorted(work.items(), key=lambda item: item[0][0]))
-    streams = [RandomStream(plan.cfg.seed, model.device) for plan in plans]
+    streams = [RandomStream(plan.cfg.seed, cuda_devices(model)) for plan in plans]
 
     pool = DecodingPool(model, batch_size, memory_bytes)
     forcing = forcing_pool(model)
@@ -159,7 +161,7 @@ def answer_pooled(
         start = time.perf_counter()
         try:
             with chat_template_enabled(tokenizer, chat_template):
-                context_ids = pipe.preprocess(text, [""], answer_prefix, budget)["context_ids"].to(model.device)
+                context_ids = pipe.preprocess(text, [""], answer_prefix, budget)["context_ids"].to(ids_device)
             capture = PrefillCapture(layers)
             full_cache = DynamicCache()
             with torch.no_grad(), capture:

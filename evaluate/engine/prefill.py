@@ -31,6 +31,7 @@ from kvpress.utils import extract_keys_and_values
 from transformers import DynamicCache
 
 from evaluate.benchmarks import Sample
+from evaluate.engine.devices import onloaded
 from evaluate.engine.exact_compress import compress
 from evaluate.engine.pipeline import chat_template_enabled
 from evaluate.engine.score_memo import ScoreMemo
@@ -100,7 +101,8 @@ def compressed_cache(
 
     Each layer is compressed by the press's own ``compress`` or its exact stand-in (evaluate/engine/exact_compress.py),
     on the captured tensors themselves unless the press needs copies (:func:`needs_copy`); with ``scores``, the
-    context's memo, shared scorers compute their scores once for every point (evaluate/engine/score_memo.py).
+    context's memo, shared scorers compute their scores once for every point (evaluate/engine/score_memo.py). Each
+    layer is compressed on its own device (the captured tensors are there), its offloaded weights brought for it.
     """
     cache = DynamicCache()
     copy = needs_copy(press)
@@ -111,17 +113,19 @@ def compressed_cache(
             if press is not None:
                 if copy:
                     keys, values = keys.clone(), values.clone()
-                keys, values = compress(press, layer.self_attn, hidden_states, keys, values, kwargs)
+                with onloaded(layer):  # presses that read the layer's projections need its weights
+                    keys, values = compress(press, layer.self_attn, hidden_states, keys, values, kwargs)
             cache.update(keys, values, layer_idx)
     return cache
 
 
 class RandomStream:
     """A point's own random numbers, seeded as a run alone seeds them: its compressions draw what they would draw
-    in that run whatever the other points of the sweep draw in between."""
+    in that run whatever the other points of the sweep draw in between; on every CUDA device of ``devices`` (a
+    model spread over several GPUs compresses each layer on its own)."""
 
-    def __init__(self, seed: int, device: torch.device):
-        self.devices = [device] if device.type == "cuda" else []
+    def __init__(self, seed: int, devices: list[torch.device]):
+        self.devices = [device for device in devices if device.type == "cuda"]
         with torch.random.fork_rng(devices=self.devices):
             torch.manual_seed(seed)
             self.state = self._get()

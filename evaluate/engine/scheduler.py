@@ -26,12 +26,13 @@ decoding, so a row's greedy tokens are the pipeline's unless two candidates tie 
 
 import logging
 import os
-from collections import deque
+from collections import Counter, deque
 from dataclasses import replace
 
 import torch
 
 from evaluate.engine.attention import pool_attention_active
+from evaluate.engine.devices import layer_devices
 from evaluate.engine.model_runner import ModelRunner
 from evaluate.engine.requests import DecodeRequest, FinishedRow, RunningRow
 from evaluate.engine.slot_cache import SlotCache, arrangement
@@ -50,12 +51,19 @@ def _finished(tokens: list[int], max_new_tokens: int, stop_ids: set[int]) -> boo
 
 
 def decode_memory_bytes(gib: float | None, model) -> int:
-    """The pool's memory budget: ``decode_memory`` GiB, else half the GPU memory free now, else a quarter of RAM."""
+    """The pool's memory budget: ``decode_memory`` GiB, else half the GPU memory free now, else a quarter of RAM.
+
+    A model spread over several GPUs holds each layer's share of the pool's caches on that layer's GPU, so the budget
+    is what the tightest GPU allows: its free memory over its share of the layers. Neither the sum of the free memory
+    (it would overfill a GPU that holds more layers or has less free) nor the least free alone (it would leave the
+    others idle) bounds every GPU.
+    """
     if gib is not None:
         return int(gib * 2**30)
-    if model.device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(model.device)
-        return free // 2
+    devices = layer_devices(model)
+    if all(device.type == "cuda" for device in devices):
+        layers = Counter(devices)
+        return min(torch.cuda.mem_get_info(device)[0] * len(devices) // count for device, count in layers.items()) // 2
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
 
 

@@ -8,6 +8,10 @@ advances with arithmetic only.
 Attention work follows each row's own length: the slots are cut into contiguous segments, each attended over its own
 width, a rung of :data:`WIDTH_LADDER` (so that a step's shapes repeat and a compiled or captured graph is reused),
 and the scheduler keeps rows of like length next to each other (:func:`arrangement`).
+
+A model spread over several devices (a device map) gets each layer's keys, values, masks and lengths on that layer's
+device, and the rows a pass serves on every device the layers use; the step's tokens and positions stay with the
+input ids, on the embedding's device (evaluate/engine/devices.py).
 """
 
 from functools import lru_cache
@@ -15,6 +19,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from evaluate.engine.devices import input_device, layer_devices
 from evaluate.engine.requests import DecodeRequest
 
 # Widths a segment of rows attends over (a row needs its longest layer plus the step's token): 64, 128, multiples of
@@ -98,20 +103,27 @@ class SlotCache:
         layers = config.num_hidden_layers
         heads = config.num_key_value_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        device = model.device
-        options = {"dtype": model.dtype, "device": device}
+        self.devices = layer_devices(model)
+        self.input_device = input_device(model)
         self.slots, self.capacity = slots, capacity
-        self.keys = [torch.zeros(slots, heads, capacity, head_dim, **options) for _ in range(layers)]
-        self.values = [torch.zeros(slots, heads, capacity, head_dim, **options) for _ in range(layers)]
-        self.visible = [torch.zeros(slots, heads, capacity, dtype=torch.bool, device=device) for _ in range(layers)]
-        self.lengths = torch.zeros(layers, slots, dtype=torch.long, device=device)
-        # The decoding step's inputs: each slot's next token and position, and 1 where a row decodes.
-        self.live = torch.zeros(slots, dtype=torch.long, device=device)
-        self.tokens = torch.zeros(slots, dtype=torch.long, device=device)
-        self.positions = torch.zeros(slots, dtype=torch.long, device=device)
+        self.keys = [torch.zeros(slots, heads, capacity, head_dim, dtype=model.dtype, device=d) for d in self.devices]
+        self.values = [torch.zeros(slots, heads, capacity, head_dim, dtype=model.dtype, device=d) for d in self.devices]
+        self.visible = [torch.zeros(slots, heads, capacity, dtype=torch.bool, device=d) for d in self.devices]
+        # Each layer's length per slot, on the layer's device.
+        self.lengths = [torch.zeros(slots, dtype=torch.long, device=d) for d in self.devices]
+        # The decoding step's inputs: each slot's next token and position, and 1 where a row decodes. ``live`` is
+        # kept on every device a layer uses too (``live_on``), so that no layer's step copies it from another.
+        placement = list(dict.fromkeys([self.input_device, *self.devices]))
+        self.live_on = {device: torch.zeros(slots, dtype=torch.long, device=device) for device in placement}
+        self.live = self.live_on[self.input_device]
+        self.tokens = torch.zeros(slots, dtype=torch.long, device=self.input_device)
+        self.positions = torch.zeros(slots, dtype=torch.long, device=self.input_device)
         self.host_lengths = np.zeros((layers, slots), dtype=np.int64)
         self.host_live = np.zeros(slots, dtype=np.int64)
-        self.every_slot = torch.arange(slots, device=device)
+        every_slot = {device: torch.arange(slots, device=device) for device in placement}
+        # A decoding step's rows and query lengths as each layer reads them (per layer, indexed like the buffers).
+        self.step_rows = [every_slot[device] for device in self.devices]
+        self.step_query_lengths = [self.live_on[device] for device in self.devices]
         self.parts: list[list | None] = [None] * layers
 
     @property
@@ -130,18 +142,23 @@ class SlotCache:
             visible[:, :length] = True
             if masked is not None:
                 visible[masked] = False
-            self.lengths[layer_idx, slot] = length
+            self.lengths[layer_idx][slot] = length
             self.host_lengths[layer_idx, slot] = length
-        self.live[slot] = self.host_live[slot] = 1
+        self._set_live(slot, 1)
 
     def free(self, slot: int) -> None:
         """An empty slot still decodes (its output is discarded) and must see one key to keep its softmax finite."""
-        for visible in self.visible:
+        for visible, lengths in zip(self.visible, self.lengths, strict=True):
             visible[slot].fill_(False)
             visible[slot, :, 0] = True
-        self.lengths[:, slot] = 0
+            lengths[slot] = 0
         self.host_lengths[:, slot] = 0
-        self.live[slot] = self.host_live[slot] = 0
+        self._set_live(slot, 0)
+
+    def _set_live(self, slot: int, live: int) -> None:
+        for copy in self.live_on.values():
+            copy[slot] = live
+        self.host_live[slot] = live
 
     def copy_from(self, other: "SlotCache", slots: list[int]) -> None:
         """Take ``other``'s rows ``slots`` into this cache's first slots (to grow or compact the pool)."""
@@ -159,16 +176,21 @@ class SlotCache:
 
     def _take(self, other: "SlotCache", mine: list[int], theirs: list[int], width: int) -> None:
         """Slots ``mine`` take ``other``'s slots ``theirs``: keys and values up to ``width``, all else whole."""
-        target = torch.tensor(mine, dtype=torch.long, device=self.lengths.device)  # an empty list is long too
-        source = torch.tensor(theirs, dtype=torch.long, device=self.lengths.device)
-        for layer_idx in range(len(self.keys)):
+        # The slot indices on each device (an empty list is long too).
+        targets = {device: torch.tensor(mine, dtype=torch.long, device=device) for device in self.live_on}
+        sources = {device: torch.tensor(theirs, dtype=torch.long, device=device) for device in self.live_on}
+        for layer_idx, device in enumerate(self.devices):
+            target, source = targets[device], sources[device]
             self.keys[layer_idx][target, :, :width] = other.keys[layer_idx][source, :, :width]
             self.values[layer_idx][target, :, :width] = other.values[layer_idx][source, :, :width]
             taken = other.visible[layer_idx][source, :, :width]  # read before writing: other may be self
             self.visible[layer_idx][target] = False
             self.visible[layer_idx][target, :, :width] = taken
-        self.lengths[:, target] = other.lengths[:, source]
-        for state in ("live", "tokens", "positions"):
+            self.lengths[layer_idx][target] = other.lengths[layer_idx][source]
+        for device, live in self.live_on.items():
+            live[targets[device]] = other.live_on[device][sources[device]]
+        target, source = targets[self.input_device], sources[self.input_device]
+        for state in ("tokens", "positions"):
             getattr(self, state)[target] = getattr(other, state)[source]
         self.host_lengths[:, mine] = other.host_lengths[:, theirs]
         self.host_live[mine] = other.host_live[theirs]
@@ -182,16 +204,17 @@ class SlotCache:
         """
         self.width = width
         if rows is None:
-            self.rows, self.query_lengths = self.every_slot, self.live
+            self.rows, self.query_lengths = self.step_rows, self.step_query_lengths
             needs = self.host_lengths.max(axis=0) + self.host_live
             self.segments = segments(tuple(min(width_bucket(int(need)), self.capacity) for need in needs))
             self.host_lengths += self.host_live
         else:
-            device = self.lengths.device
-            self.rows, self.query_lengths = (
-                torch.tensor(rows, device=device),
-                torch.tensor(query_lengths, device=device),
-            )
+            on = {
+                device: (torch.tensor(rows, device=device), torch.tensor(query_lengths, device=device))
+                for device in self.live_on
+            }
+            self.rows = [on[device][0] for device in self.devices]
+            self.query_lengths = [on[device][1] for device in self.devices]
             self.segments = None
             self.host_lengths[:, rows] += np.array(query_lengths)
             self.ends = self.host_lengths[:, rows].max(axis=1).clip(min=1).tolist()
@@ -202,9 +225,9 @@ class SlotCache:
 
     def update(self, key_states, value_states, layer_idx: int, cache_kwargs: dict | None = None):
         """Write the pass's keys at each row's own positions and leave the layer's attention groups in ``parts``."""
-        rows = self.rows
-        starts = self.lengths[layer_idx, rows]
-        pad = self.width - self.query_lengths
+        rows, query_lengths = self.rows[layer_idx], self.query_lengths[layer_idx]
+        starts = self.lengths[layer_idx][rows]
+        pad = self.width - query_lengths
         columns = torch.arange(self.width, device=key_states.device)
         # Column i of row r is its token i - pad[r], written at start + i - pad[r]; padding columns (and an idle
         # slot's token) write into the slot's last position, hidden, which no real token reaches before the row's
@@ -215,7 +238,7 @@ class SlotCache:
         self.keys[layer_idx][rows[:, None], :, positions] = key_states.transpose(1, 2)
         self.values[layer_idx][rows[:, None], :, positions] = value_states.transpose(1, 2)
         self.visible[layer_idx][rows[:, None], :, positions] = real[:, :, None]
-        self.lengths[layer_idx, rows] = starts + self.query_lengths
+        self.lengths[layer_idx][rows] = starts + query_lengths
         if self.segments is not None:
             self.parts[layer_idx] = [self._segment(layer_idx, *segment) for segment in self.segments]
         else:
@@ -230,7 +253,7 @@ class SlotCache:
 
     def _question(self, layer_idx: int, starts, offsets, real) -> tuple:
         """The joining rows over the keys up to the widest of them, each question column causal."""
-        end, rows = self.ends[layer_idx], self.rows
+        end, rows = self.ends[layer_idx], self.rows[layer_idx]
         keys, values = self.keys[layer_idx][rows, :, :end], self.values[layer_idx][rows, :, :end]
         visible = self.visible[layer_idx][rows, :, :end]
         # Column i sees the keys up to its own position.

@@ -1,5 +1,6 @@
 """Loading a configuration's model and tokenizer: once per sweep, with attention masks fitted per layer."""
 
+import json
 import logging
 
 import torch
@@ -55,9 +56,12 @@ class Models:
         """The plan's model, with attention masks fitted to each layer's cache (kvpress's ChunkKV leaves uneven
         layers)."""
 
+        spec = plan.spec
+
         def load():
-            model = plan.source.load_model(plan.spec.device, plan.cfg.dtype, plan.spec.attention)
+            model = plan.source.load_model(spec.device, plan.cfg.dtype, spec.attention, spec.device_map)
             fit_masks_to_layers(model)
             return model
 
-        return self._reuse("model", (repr(plan.source), plan.spec.device, plan.cfg.dtype, plan.spec.attention), load)
+        placement = spec.device, json.dumps(spec.device_map, sort_keys=True)
+        return self._reuse("model", (repr(plan.source), *placement, plan.cfg.dtype, spec.attention), load)

@@ -21,7 +21,9 @@ import torch
 
 from evaluate.models.sources import (
     TINY_ARCHITECTURES,
+    DeviceMap,
     build_tiny_tokenizer,
+    placed,
     random_model_config,
     redraw_weights,
     resolve_dtype,
@@ -65,7 +67,13 @@ class RandomModel:
     def load_tokenizer(self):
         return build_tiny_tokenizer(self.vocab_size, self.max_position_embeddings)
 
-    def load_model(self, device: str, dtype: str, attn_implementation: str):
+    def load_model(self, device: str, dtype: str, attn_implementation: str, device_map: DeviceMap = None):
+        # Spread by a device map, it is drawn on the CPU and dispatched from there: no one device need hold it (its
+        # weights are then the CPU generator's, not those of the same model drawn on a GPU).
+        built_on = device if device_map is None else "cpu"
+        return placed(lambda _: self._build(built_on, dtype, attn_implementation), device, device_map)
+
+    def _build(self, device: str, dtype: str, attn_implementation: str) -> torch.nn.Module:
         config = random_model_config(
             self, self.load_tokenizer(), attn_implementation, rope_theta=self.rope_theta, tie_word_embeddings=False
         )
@@ -79,8 +87,7 @@ class RandomModel:
                     weight.fill_(1.0)  # norms
         redraw_weights(model, self.weight_scale, torch.Generator(device=device).manual_seed(self.seed))
         model.generation_config.eos_token_id = config.eos_token_id
-        # Already there; kept so that a model built elsewhere by a future transformers still ends on the device.
-        return model.to(device).eval()
+        return model
 
     def parameter_count(self, embeddings: bool = True) -> int:
         """Parameters of the model this source builds (without building it); without embeddings and output layer

@@ -9,10 +9,12 @@ import itertools
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from accelerate import dispatch_model, infer_auto_device_map
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
     AutoModelForCausalLM,
@@ -45,6 +47,41 @@ def resolve_dtype(dtype: str) -> torch.dtype | str:
     return resolved
 
 
+DeviceMap = dict[str, int | str] | str | None
+
+
+def placed(load: Callable[[dict], torch.nn.Module], device: str, device_map: DeviceMap = None) -> torch.nn.Module:
+    """The model ``load`` builds, in eval mode, on ``device``, or spread by ``device_map`` (``auto`` or a map of module
+    names to devices): the one place every source puts its model on its devices.
+
+    ``load`` receives ``from_pretrained``'s placement arguments: a source that loads with ``from_pretrained`` passes
+    them on, and transformers dispatches the model; a source that builds its model in code ignores them, and the
+    model is dispatched here with accelerate: by the map ``auto`` infers as ``from_pretrained`` does (no hooks where
+    it names one device), and by a given map always with hooks (``force_hooks``), so that a map naming one device is
+    applied as one naming several is. A map that offloads to ``disk`` gets a temporary folder that lives as long as
+    the model.
+    """
+    if device_map is None:
+        return load({}).to(device).eval()
+    names_disk = isinstance(device_map, dict) and "disk" in device_map.values()
+    offload = tempfile.TemporaryDirectory(prefix="pressbench-offload-") if names_disk else None
+    options = {"device_map": device_map, **({"offload_folder": offload.name} if offload else {})}
+    model = load(options)
+    if not hasattr(model, "hf_device_map"):
+        inferred = device_map == "auto"
+        model = dispatch_model(
+            model,
+            infer_auto_device_map(model, no_split_module_classes=model._no_split_modules) if inferred else device_map,
+            offload_dir=offload.name if offload else None,
+            # The caches travel unmoved: each layer keeps its own on its device (transformers' own setting).
+            skip_keys=model._skip_keys_device_placement,
+            force_hooks=not inferred,
+        )
+    if offload is not None:
+        model.pressbench_offload_folder = offload
+    return model.eval()
+
+
 @dataclass
 class HubModel:
     """A causal LM from the Hugging Face hub or a local directory.
@@ -63,14 +100,18 @@ class HubModel:
     def load_tokenizer(self):
         return AutoTokenizer.from_pretrained(self.name_or_path, revision=self.revision)
 
-    def load_model(self, device: str, dtype: str, attn_implementation: str):
-        model = AutoModelForCausalLM.from_pretrained(
-            self.name_or_path,
-            revision=self.revision,
-            dtype=resolve_dtype(dtype),
-            attn_implementation=attn_implementation,
+    def load_model(self, device: str, dtype: str, attn_implementation: str, device_map: DeviceMap = None):
+        return placed(
+            lambda placement: AutoModelForCausalLM.from_pretrained(
+                self.name_or_path,
+                revision=self.revision,
+                dtype=resolve_dtype(dtype),
+                attn_implementation=attn_implementation,
+                **placement,
+            ),
+            device,
+            device_map,
         )
-        return model.to(device).eval()
 
 
 @dataclass
@@ -134,11 +175,14 @@ class EmbeddedGGUFModel:
     def load_tokenizer(self):
         return AutoTokenizer.from_pretrained(self._materialize())
 
-    def load_model(self, device: str, dtype: str, attn_implementation: str):
-        model = AutoModelForCausalLM.from_pretrained(
-            self._materialize(), dtype=resolve_dtype(dtype), attn_implementation=attn_implementation
+    def load_model(self, device: str, dtype: str, attn_implementation: str, device_map: DeviceMap = None):
+        return placed(
+            lambda placement: AutoModelForCausalLM.from_pretrained(
+                self._materialize(), dtype=resolve_dtype(dtype), attn_implementation=attn_implementation, **placement
+            ),
+            device,
+            device_map,
         )
-        return model.to(device).eval()
 
 
 def build_tiny_tokenizer(vocab_size: int | None = None, model_max_length: int = 8192) -> PreTrainedTokenizerFast:
@@ -251,7 +295,10 @@ class TinyRandomModel:
     def load_tokenizer(self):
         return build_tiny_tokenizer()
 
-    def load_model(self, device: str, dtype: str, attn_implementation: str):
+    def load_model(self, device: str, dtype: str, attn_implementation: str, device_map: DeviceMap = None):
+        return placed(lambda _: self._build(dtype, attn_implementation), device, device_map)
+
+    def _build(self, dtype: str, attn_implementation: str) -> torch.nn.Module:
         config = random_model_config(self, build_tiny_tokenizer(), attn_implementation)
         with torch.random.fork_rng():
             torch.manual_seed(self.seed)
@@ -261,6 +308,4 @@ class TinyRandomModel:
         # Presses that load the tokenizer from the model's name (KVzip, KVgrad) find it where a hub model's would be.
         model.config._name_or_path = str(saved_tiny_tokenizer())
         torch_dtype = resolve_dtype(dtype)
-        if isinstance(torch_dtype, torch.dtype):
-            model = model.to(torch_dtype)
-        return model.to(device).eval()
+        return model.to(torch_dtype) if isinstance(torch_dtype, torch.dtype) else model

@@ -49,9 +49,14 @@ def describe(failure: BaseException) -> str:
     return f"{type(failure).__name__}: {' '.join(str(failure).split())}"
 
 
-def peak_memory_mb(device: str) -> float:
+def peak_memory_mb(device: str, device_map=None) -> float:
+    """The process's peak memory: on CUDA, the sum over every visible GPU of each one's peak allocation where the
+    model is spread by a device map (each GPU holds its layers' share; the peaks need not be simultaneous, so the sum
+    bounds the true peak from above), else the device's own; on the CPU, the peak resident memory."""
+    if device_map is not None and torch.cuda.is_available():
+        return sum(torch.cuda.max_memory_allocated(index) for index in range(torch.cuda.device_count())) / 2**20
     if device.startswith("cuda"):
-        return torch.cuda.max_memory_allocated() / 2**20
+        return torch.cuda.max_memory_allocated(device) / 2**20
     # ru_maxrss is in KiB on Linux.
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -404,7 +409,7 @@ class Recorder:
             "errors": self.n_errors,
             "truncated_samples": self.truncated,
             **self.stats.record(),
-            "peak_memory_mb": round(peak_memory_mb(self.plan.spec.device), 1),
+            "peak_memory_mb": round(peak_memory_mb(self.plan.spec.device, self.plan.spec.device_map), 1),
             "device": self.plan.spec.device,
             "sessions": self.stats.sessions,
             "started_at": self.stats.started_at,

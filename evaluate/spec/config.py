@@ -116,7 +116,7 @@ def attention_implementation(cfg: DictConfig) -> str:
         return cfg.attn_implementation
     if compresses(cfg) and needs_eager(described_press(cfg)):
         return "eager"
-    if resolve_device(cfg.device).startswith("cuda") and importlib.util.find_spec("flash_attn") is not None:
+    if runs_on_cuda(resolve_device(cfg.device)) and importlib.util.find_spec("flash_attn") is not None:
         return "flash_attention_2"
     return "sdpa"
 
@@ -155,6 +155,7 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(
             f"device={cfg.device}, but torch sees no CUDA GPU on this machine; use device=cpu or device=auto"
         )
+    _check_device_map(cfg.get("device_map"))
     _check_writable(Path(cfg.output_dir))
     if cfg.truncation not in TRUNCATION_POLICIES:
         raise ConfigError(f"truncation={cfg.truncation!r}; choose one of {', '.join(TRUNCATION_POLICIES)}")
@@ -287,7 +288,7 @@ def run_dir(cfg: DictConfig) -> Path:
 def model_key(cfg: DictConfig) -> str:
     """Configurations with equal keys run on one loaded model: in one sweep, and on one worker of the gpus launcher."""
     model = OmegaConf.to_container(cfg.model.source, resolve=True)
-    key = [model, cfg.device, cfg.dtype, attention_implementation(cfg), cfg.seed]
+    key = [model, cfg.device, resolve_device_map(cfg), cfg.dtype, attention_implementation(cfg), cfg.seed]
     if compresses(cfg) and changes_the_model(described_press(cfg)):
         key.append(run_name(cfg))  # a model this press changes serves no other configuration
     return json.dumps(key, sort_keys=True)
@@ -300,9 +301,48 @@ def _cuda_available() -> bool:
 
 
 def resolve_device(device: str) -> str:
+    """Where ``device`` runs the model: the one rule for ``device=auto``, which sharding relies on.
+
+    - an explicit device (``cpu``, ``cuda``, ``cuda:1``) is returned as given;
+    - ``auto`` without CUDA is ``cpu``;
+    - ``auto`` in a process a launcher started with ``LOCAL_RANK`` (torchrun) is ``cuda:<LOCAL_RANK>``: one shard of the
+      work per GPU, so the process keeps to its own device;
+    - ``auto`` otherwise stays ``auto``: the model is spread over every visible GPU with ``device_map="auto"``, as
+      kvpress's evaluate.py loads it when CUDA is present (a 70B model, or an 8B one at 128k tokens, needs several).
+    """
     if device != "auto":
         return device
-    return "cuda" if _cuda_available() else "cpu"
+    if not _cuda_available():
+        return "cpu"
+    local_rank = os.environ.get("LOCAL_RANK")
+    return f"cuda:{int(local_rank)}" if local_rank is not None else "auto"
+
+
+def runs_on_cuda(device: str) -> bool:
+    """Whether a resolved device (:func:`resolve_device`) puts the model on CUDA (``auto`` does so only with CUDA)."""
+    return device == "auto" or device.startswith("cuda")
+
+
+def resolve_device_map(cfg: DictConfig) -> dict[str, int | str] | str | None:
+    """The device map the model is loaded with: ``device_map`` as given, else ``auto`` where ``device`` resolves to
+    it, else None (the model is moved whole to the device)."""
+    if cfg.get("device_map") is not None:
+        device_map = cfg.device_map
+        return device_map if isinstance(device_map, str) else OmegaConf.to_container(device_map, resolve=True)
+    return "auto" if resolve_device(cfg.device) == "auto" else None
+
+
+def _check_device_map(device_map) -> None:
+    if device_map is None or device_map == "auto":
+        return
+    if not isinstance(device_map, Mapping) or not device_map:
+        raise ConfigError(
+            f"device_map={device_map} is neither auto nor a map of module names to devices, "
+            "e.g. {model.embed_tokens:0,model.layers.0:0,...}"
+        )
+    for module, where in device_map.items():
+        if not isinstance(where, int | str) or isinstance(where, bool):
+            raise ConfigError(f"device_map names {where!r} for {module}; give a GPU index, cuda:N, cpu, disk or meta")
 
 
 def _check_writable(output_dir: Path) -> None:

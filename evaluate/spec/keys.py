@@ -11,6 +11,7 @@ NON_RESULT_KEYS = (
     "output_dir",
     "overwrite",
     "device",
+    "device_map",
     "fail_fast",
     "retry_errors",
     "wandb",

@@ -1,8 +1,8 @@
 """One point of a run or sweep, resolved once: everything derived from its configuration that the later stages read.
 
-The run directory, the fingerprint, the method's name, the compression ratio applied, the attention and the device
-are each computed here, once per point, and every later stage (the plan, the engine, the recorder, the summary)
-reads them from the spec instead of deriving them again.
+The run directory, the fingerprint, the method's name, the compression ratio applied, the attention, the device and
+the device map are each computed here, once per point, and every later stage (the plan, the engine, the recorder,
+the summary) reads them from the spec instead of deriving them again.
 """
 
 from dataclasses import dataclass
@@ -18,6 +18,7 @@ from evaluate.spec.config import (
     method_name,
     model_key,
     resolve_device,
+    resolve_device_map,
     run_dir,
 )
 from evaluate.spec.shard import Shard, resolve_shard
@@ -34,6 +35,7 @@ class PointSpec:
     effective_cr: float
     attention: str
     device: str
+    device_map: dict[str, int | str] | str | None
     model_key: str
     shard: Shard = Shard()
 
@@ -54,6 +56,7 @@ def resolve(cfg: DictConfig) -> PointSpec:
         effective_cr=effective_cr(cfg),
         attention=attention_implementation(cfg),
         device=resolve_device(cfg.device),
+        device_map=resolve_device_map(cfg),
         model_key=model_key(cfg),
         shard=shard,
     )

@@ -9,7 +9,7 @@ so that a mistake is one line and exit code 2 rather than Hydra's multi-line com
 """
 
 from dataclasses import dataclass, fields
-from typing import get_args
+from typing import Any, get_args
 
 from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 from omegaconf.errors import ValidationError
@@ -32,6 +32,9 @@ class Settings:
     seed: int = MISSING
     output_dir: str = MISSING
     device: str = MISSING
+    # null, "auto" or a map of module names to devices: OmegaConf types no union of a string and a dict, so the
+    # shape is checked by config.validate.
+    device_map: Any = MISSING
     dtype: str = MISSING
     attn_implementation: str | None = MISSING
     max_context_length: int | None = MISSING
