@@ -197,15 +197,15 @@ def fake_slurm(bin_dir: Path) -> None:
 
 
 @pytest.mark.slow  # one `python -m evaluate` process (~10 s)
-def test_slurm_launcher_submits_one_requeueable_array_with_the_configured_resources(tmp_path):
+def submitted(tmp_path, *overrides: str) -> tuple[set[str], list[DelayedSubmission]]:
+    """What a sweep of three ratios through ``hydra/launcher=slurm`` hands a fake ``sbatch``: its #SBATCH lines, and
+    the submissions submitit pickled (what each array task will run)."""
     fake_slurm(tmp_path / "bin")
     script = tmp_path / "sbatch.sh"
     process = cli(
         tmp_path / "runs",
         "hydra/launcher=slurm",
-        "hydra.launcher.partition=gpu_test",
-        "hydra.launcher.array_parallelism=2",
-        "hydra.launcher.timeout_min=90",
+        *overrides,
         "model=tiny_random",
         "cr=0.3,0.5,0.7",
         env={"PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}", "SBATCH_RECORD": str(script)},
@@ -213,6 +213,17 @@ def test_slurm_launcher_submits_one_requeueable_array_with_the_configured_resour
     _, stderr = process.communicate(timeout=600)
     assert process.returncode != 0 and "sbatch: no cluster" in stderr
     flags = {line for line in script.read_text().splitlines() if line.startswith("#SBATCH")}
+    pickles = sorted(next((tmp_path / "runs" / "multirun").iterdir()).glob(".submitit/*.pkl"))
+    return flags, [DelayedSubmission.load(path) for path in pickles]
+
+
+def test_slurm_launcher_submits_one_requeueable_array_with_the_configured_resources(tmp_path):
+    flags, submissions = submitted(
+        tmp_path,
+        "hydra.launcher.partition=gpu_test",
+        "hydra.launcher.array_parallelism=2",
+        "hydra.launcher.timeout_min=90",
+    )
     assert {
         "#SBATCH --partition=gpu_test",
         "#SBATCH --gpus-per-node=1",
@@ -224,11 +235,9 @@ def test_slurm_launcher_submits_one_requeueable_array_with_the_configured_resour
     } <= flags
 
     # What each array task will run: the job's own overrides; requeued, it resubmits exactly those.
-    submissions = sorted(next((tmp_path / "runs" / "multirun").iterdir()).glob(".submitit/*.pkl"))
     assert len(submissions) == 3
     crs = set()
-    for path in submissions:
-        submission = DelayedSubmission.load(path)
+    for submission in submissions:
         assert submission._timeout_countdown == 5
         overrides = submission.args[0]
         crs |= {item for item in overrides if item.startswith("cr=")}
@@ -284,24 +293,10 @@ def test_submitit_local_job_preempted_mid_run_is_requeued_and_resumes_to_the_uni
 
 @pytest.mark.slow  # one `python -m evaluate` process (~10 s)
 def test_sharded_slurm_launcher_submits_one_array_task_per_shard_each_with_every_job(tmp_path):
-    fake_slurm(tmp_path / "bin")
-    script = tmp_path / "sbatch.sh"
-    process = cli(
-        tmp_path / "runs",
-        "hydra/launcher=slurm",
-        "hydra.launcher.shards=4",
-        "model=tiny_random",
-        "cr=0.3,0.5,0.7",
-        env={"PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}", "SBATCH_RECORD": str(script)},
-    )
-    _, stderr = process.communicate(timeout=600)
-    assert process.returncode != 0 and "sbatch: no cluster" in stderr
-    flags = {line for line in script.read_text().splitlines() if line.startswith("#SBATCH")}
+    flags, submissions = submitted(tmp_path, "hydra.launcher.shards=4")
     assert {"#SBATCH --array=0-3%4", "#SBATCH --requeue", "#SBATCH --signal=USR2@120"} <= flags
-    submissions = sorted(next((tmp_path / "runs" / "multirun").iterdir()).glob(".submitit/*.pkl"))
     tasks = set()
-    for path in submissions:
-        submission = DelayedSubmission.load(path)
+    for submission in submissions:
         overrides, _, task, shards, _ = submission.args
         assert shards == 4 and {item for job in overrides for item in job if item.startswith("cr=")} == {
             "cr=0.3",
