@@ -4,13 +4,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+import torch
 from hydra import compose, initialize_config_dir
 from kvpress import SnapKVPress
 from kvpress.utils import compute_n_kept
 from omegaconf import OmegaConf
+from transformers import DynamicCache
 
 from evaluate.benchmarks import Sample
 from evaluate.benchmarks.ruler import score_predictions
+from evaluate.engine.prefill import PrefillCapture
+from evaluate.models.sources import TinyRandomModel
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
@@ -36,6 +40,19 @@ def assert_kept(press: str, row: dict, cr: float) -> None:
     low, high = kept_bounds(press, row["context_length"], cr)
     kept = row["kept_ratio"] * row["context_length"]
     assert low - 1e-6 <= kept <= high + 1e-6, (press, row["context_length"], kept, low, high)
+
+
+def captured_prefill(length: int = 300) -> tuple[torch.nn.Module, torch.Tensor, list]:
+    """The tiny model (its layers' rotary embedding set, as a press context sets it), ``length`` random input ids
+    (seed 0), and what :class:`PrefillCapture` captured of one prefill of them."""
+    model = TinyRandomModel().load_model("cpu", "float32", "sdpa")
+    for layer in model.model.layers:
+        layer.self_attn.rotary_emb = model.model.rotary_emb
+    input_ids = torch.randint(0, 256, (1, length), generator=torch.Generator().manual_seed(0))
+    capture = PrefillCapture(model.model.layers)
+    with torch.no_grad(), capture:
+        model.model(input_ids=input_ids, past_key_values=DynamicCache())
+    return model, input_ids, capture.captured
 
 
 def compose_config(output_dir: Path, *overrides: str):

@@ -8,14 +8,12 @@ import pytest
 import torch
 from hydra.utils import instantiate
 from kvpress import ChunkKVPress, EntropyGatedChunkKVPress, SnapKVPress, ThinKPress
-from transformers import DynamicCache
 
 from evaluate.engine.exact_compress import compress
-from evaluate.engine.prefill import PrefillCapture, compressed_cache, needs_copy
+from evaluate.engine.prefill import compressed_cache, needs_copy
 from evaluate.engine.score_memo import ScoreMemo
-from evaluate.models.sources import TinyRandomModel
 from evaluate.spec.press_traits import members
-from tests.support import compose_config
+from tests.support import captured_prefill, compose_config
 from tests.test_presses import FixedScores
 
 KINDS = ("uniform", "integers", "constant", "sparse", "signed", "bfloat16")
@@ -80,15 +78,8 @@ def test_eg_chunkkv_stand_in_keeps_kvpress_positions(chunk_length, low_entropy_c
 @pytest.fixture(scope="module")
 def prefill():
     """The tiny model's layers and the captured inputs of one 300-token prefill."""
-    model = TinyRandomModel().load_model("cpu", "float32", "sdpa")
-    layers = model.model.layers
-    for layer in layers:
-        layer.self_attn.rotary_emb = model.model.rotary_emb
-    input_ids = torch.randint(0, 256, (1, 300), generator=torch.Generator().manual_seed(0))
-    capture = PrefillCapture(layers)
-    with torch.no_grad(), capture:
-        model.model(input_ids=input_ids, past_key_values=DynamicCache())
-    return layers, capture.captured
+    model, _, captured = captured_prefill()
+    return model.model.layers, captured
 
 
 # Every press x scorer of the config tree at two ratios, as the points of one sweep on one context.

@@ -9,14 +9,14 @@ from kvpress import AdaKVPress
 from transformers import DynamicCache
 
 from evaluate import rundir
-from evaluate.engine.prefill import PrefillCapture, compressed_cache
+from evaluate.engine.prefill import compressed_cache
 from evaluate.models.sources import TinyRandomModel
 from evaluate.run.entry import run, run_sweep
 from evaluate.spec.config import run_dir
 from evaluate.spec.plan import make_plan
 from evaluate.spec.point import resolve
 from evaluate.spec.press_traits import why_not_shared_prefill
-from tests.support import compose_config, with_shared_context
+from tests.support import captured_prefill, compose_config, with_shared_context
 
 PRESSES = ("topk", "chunkkv", "chunkkv_exact", "eg_chunkkv", "adakv")
 
@@ -50,14 +50,8 @@ def test_every_sweep_point_equals_a_separate_run(tmp_path, query_aware, points):
 
 
 def test_rebuilt_caches_keep_exactly_the_indices_a_hooked_prefill_keeps(tmp_path):
-    model = TinyRandomModel().load_model("cpu", "float32", "sdpa")
+    model, input_ids, captured = captured_prefill()
     layers = model.model.layers
-    for layer in layers:
-        layer.self_attn.rotary_emb = model.model.rotary_emb
-    input_ids = torch.randint(0, 256, (1, 300), generator=torch.Generator().manual_seed(0))
-    capture = PrefillCapture(layers)
-    with torch.no_grad(), capture:
-        model.model(input_ids=input_ids, past_key_values=DynamicCache())
     for point in POINTS[1:]:
         press = instantiate(compose_config(tmp_path, *point).press.press)
         reference = DynamicCache()
@@ -65,7 +59,7 @@ def test_rebuilt_caches_keep_exactly_the_indices_a_hooked_prefill_keeps(tmp_path
             model.model(input_ids=input_ids, past_key_values=reference)
         reference_masks = [layer.self_attn.masked_key_indices for layer in layers]
         with torch.no_grad():
-            rebuilt = compressed_cache(press, layers, capture.captured)
+            rebuilt = compressed_cache(press, layers, captured)
         for layer, expected, got, mask in zip(layers, reference.layers, rebuilt.layers, reference_masks, strict=True):
             assert torch.equal(expected.keys, got.keys) and torch.equal(expected.values, got.values), point
             if mask is None:
