@@ -14,9 +14,10 @@ from evaluate.spec.overrides import check_command_line
 @hydra.main(version_base=None, config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
     hydra_config = HydraConfig.get()
-    return command([cfg], [hydra_config.runtime.choices], single=True, overrides=hydra_config.overrides.task)[0][
-        "score"
-    ]
+    # Where your own configs are found is Hydra's setting, yet the commands the run suggests need it too.
+    searchpath = [override for override in hydra_config.overrides.hydra if override.startswith("hydra.searchpath=")]
+    overrides = [*searchpath, *hydra_config.overrides.task]
+    return command([cfg], [hydra_config.runtime.choices], single=True, overrides=overrides)[0]["score"]
 
 
 def cli() -> None:

@@ -42,6 +42,13 @@ logger = logging.getLogger(__name__)
 _Made = TypeVar("_Made")
 
 
+def cr_text(cr: float) -> str:
+    """A compression ratio as run names, summaries and tables print it: two decimals, or as many as it has where two
+    would round it (0.999 and 0.998 are not both 1.00; 0.9375 is 16:1)."""
+    text = f"{cr:.10g}"
+    return text if "." in text and len(text.split(".")[1]) > 2 else f"{cr:.2f}"
+
+
 def _fresh(parent: Path, prefix: str, make: Callable[[Path], _Made]) -> _Made:
     """``make`` a new name in ``parent`` that starts with ``prefix``, another name as long as one exists.
 

@@ -268,10 +268,21 @@ def _read_file(path: Path, schema: Schema) -> list[dict]:
     """The rows of one data file, each checked where it stands: ``FILE:LINE`` in JSON lines, ``FILE row N`` in a
     JSON array or parquet file."""
     if path.suffix == ".parquet":
+        import pyarrow
         import pyarrow.parquet
 
-        return _checked(pyarrow.parquet.read_table(path).to_pylist(), schema, f"{path} row")
-    text = path.read_text(encoding="utf-8")
+        try:
+            table = pyarrow.parquet.read_table(path)
+        except pyarrow.ArrowException as error:
+            raise ConfigError(f"{path} is not a parquet file ({error}); point benchmark.path at the data") from None
+        return _checked(table.to_pylist(), schema, f"{path} row")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(
+            f"{path} is not UTF-8 text (byte {error.start}: {error.reason}): benchmark.path takes .jsonl, .json or "
+            ".parquet rows, a saved dataset or a folder of them; point it at the data"
+        ) from None
     if path.suffix == ".json" and text.lstrip().startswith("["):
         try:
             rows = json.loads(text)

@@ -24,6 +24,7 @@ from evaluate.engine.teacher_forcing import (
     reference_log_probs,
     teacher_forced,
 )
+from evaluate.errors import ConfigError
 from evaluate.spec.plan import Plan
 
 logger = logging.getLogger(__name__)
@@ -142,6 +143,33 @@ def context_budget(plan: Plan, model, tokenizer) -> tuple[int, int]:
             cfg.truncation,
         )
     return budget, truncated
+
+
+def check_generation_fits(plan: Plan, model, tokenizer) -> None:
+    """Refuse samples whose answer cannot fit in the model's positions whatever the context is cut to: its
+    ``max_new_tokens``, plus its question and answer prefix where they follow the compressed context (no truncation
+    shortens those). Such a row would decode for minutes past the positions the model was trained on; a long context
+    beside them is kvpress's to cut (:func:`context_budget`), and runs."""
+    positions = getattr(model.config, "max_position_embeddings", None)
+    if positions is None:
+        return
+
+    def following(sample: Sample) -> str:
+        return sample.answer_prefix if plan.cfg.query_aware else sample.question + sample.answer_prefix
+
+    # No token is shorter than a byte, so only a sample whose bytes (and a slack for a tokenizer's added prefix)
+    # could overflow needs counting.
+    candidates = [s for s in plan.todo if s.max_new_tokens + len(following(s).encode("utf-8")) + 16 > positions]
+    counted = [(s, len(tokenizer(following(s), add_special_tokens=False).input_ids)) for s in candidates]
+    misfits = [(sample, tokens) for sample, tokens in counted if sample.max_new_tokens + tokens > positions]
+    if misfits:
+        sample, tokens = misfits[0]
+        raise ConfigError(
+            f"{len(misfits)} samples of {plan.out.name} cannot fit in the model's {positions} positions, e.g. "
+            f"{sample.id}: {sample.max_new_tokens} new tokens after {tokens} tokens of question and answer prefix; "
+            "lower the rows' max_new_tokens or shorten their questions in benchmark.path, or leave those tasks out "
+            "with benchmark.tasks=[...]"
+        )
 
 
 def pipeline_budget(plan: Plan, tokenizer, budget: int) -> int:

@@ -26,8 +26,8 @@ from evaluate.models.sources import (
     placed,
     random_model_config,
     redraw_weights,
-    resolve_dtype,
 )
+from evaluate.spec.config import resolve_dtype
 
 
 @dataclass

@@ -26,6 +26,8 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
+from evaluate.spec.config import resolve_dtype
+
 CACHE_DIR = Path(os.environ.get("PRESSBENCH_CACHE", Path.home() / ".cache" / "pressbench"))
 
 # bos (also unk and pad), eos and ChatML's turn start: appended after the regular vocabulary.
@@ -35,16 +37,6 @@ CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-
-
-def resolve_dtype(dtype: str) -> torch.dtype | str:
-    """Map a config string ("auto", "float32", "bfloat16", ...) to what ``from_pretrained`` accepts."""
-    if dtype == "auto":
-        return "auto"
-    resolved = getattr(torch, dtype, None)
-    if not isinstance(resolved, torch.dtype):
-        raise ValueError(f"dtype={dtype!r} is not a torch dtype; use auto, float32, float16 or bfloat16")
-    return resolved
 
 
 DeviceMap = dict[str, int | str] | str | None

@@ -20,7 +20,7 @@ from transformers.utils import logging as transformers_logging
 
 from evaluate import rundir
 from evaluate.engine.attention import why_not_pooled
-from evaluate.engine.pipeline import answer_with_pipeline, context_budget
+from evaluate.engine.pipeline import answer_with_pipeline, check_generation_fits, context_budget
 from evaluate.engine.pooled import answer_pooled
 from evaluate.engine.requests import AnsweredGroup, Prefilled
 from evaluate.engine.scheduler import decode_memory_bytes
@@ -28,7 +28,7 @@ from evaluate.errors import ConfigError, RunIncomplete, exit_code, fail, refuse,
 from evaluate.models.loading import Models, warn_if_unpatched
 from evaluate.run.recorder import AnsweringClock, Recorder, describe
 from evaluate.run.summary import failed_samples, interrupted_summary, run_summary, sweep_summary, waiting_summary
-from evaluate.spec.config import described_press, refuse_unread_knobs, validate, validate_choices
+from evaluate.spec.config import compresses, described_press, refuse_unread_knobs, validate, validate_choices
 from evaluate.spec.plan import Plan, make_plan
 from evaluate.spec.point import PointSpec, resolve
 from evaluate.spec.press_traits import changes_the_model, prepare_model, why_not_shared_prefill
@@ -37,14 +37,18 @@ from evaluate.spec.settings import typed
 logger = logging.getLogger(__name__)
 
 
-def pooled(plan: Plan, model) -> bool:
-    """Whether the run's answers come from the pooled path; the reason is logged when they do not."""
+def answer_path(plan: Plan, model) -> tuple[str, str]:
+    """Which engine answers the run, ``pool`` or kvpress's ``pipeline``, and why (logged when not the pool)."""
     if plan.cfg.decode_batch_size == 1:
-        return False  # kvpress's pipeline path, exactly
+        return "pipeline", "decode_batch_size=1 asks for kvpress's pipeline path, one question at a time"
     reason = why_not_shared_prefill(plan.press, plan.spec.attention) or why_not_pooled(model)
     if reason is not None:
         logger.info("%s takes kvpress's pipeline path: %s", plan.out.name, reason)
-    return reason is None
+        return "pipeline", reason
+    return "pool", (
+        f"the press acts only after each layer's attention, so the context's prefill is shared and its questions "
+        f"are decoded in the pool (decode_batch_size={plan.cfg.decode_batch_size})"
+    )
 
 
 def _first_of_each() -> Callable[[logging.LogRecord], bool]:
@@ -85,8 +89,13 @@ def checked(cfgs: Sequence[DictConfig], single: bool = False) -> list[PointSpec]
         if single:
             refuse_unread_knobs(cfg)
     specs = [resolve(cfg) for cfg in cfgs]
+    ignored = sorted({float(cfg.cr) for cfg in cfgs if not compresses(cfg) and cfg.cr > 0})
+    if ignored:
+        where = "the sweep runs it once, at cr=0, the baseline of its points" if len(cfgs) > 1 else "recorded at cr=0"
+        logger.warning("press=none compresses nothing: cr=%s ignored, %s", ",".join(f"{cr:g}" for cr in ignored), where)
     directories = [spec.out for spec in specs]
-    duplicates = {str(path) for path in directories if directories.count(path) > 1}
+    # press=none is one run at any cr: a sweep over ratios runs it once (run_specs), its baseline for every point.
+    duplicates = {str(spec.out) for spec in specs if directories.count(spec.out) > 1 and compresses(spec.cfg)}
     if duplicates:
         raise ConfigError(
             f"the sweep runs the same configuration twice: {', '.join(sorted(duplicates))}; "
@@ -126,6 +135,8 @@ def run_specs(specs: Sequence[PointSpec], single: bool = False) -> list[dict | N
             by_model: dict[str, list[int]] = {}
             for index, spec in enumerate(specs):
                 out = spec.out
+                if out in directories[:index]:
+                    continue  # press=none asked at several ratios: one run, whose metrics every such point gets
                 try:
                     shard = None if spec.shard.whole else spec.shard.name
                     held.enter_context(rundir.locked(out, wait=spec.cfg.wait_for_locks, shard=shard))
@@ -143,9 +154,10 @@ def run_specs(specs: Sequence[PointSpec], single: bool = False) -> list[dict | N
                     for recorder in recorders
                     if recorder.unanswered
                 ]
-    except ConfigError:
-        # A point refused while planning (its data is broken or changed, its predictions are damaged) leaves no
-        # folder that holds only the lock this sweep created, nor the empty folders above it.
+    except BaseException:
+        # A point refused or failed while planning (its data is broken or changed, its predictions are damaged, its
+        # tokenizer does not load) leaves no folder that holds only the lock this sweep created, nor the empty
+        # folders above it.
         for out, top in created.items():
             if out.is_dir() and rundir.holds_only_locks(out):
                 rundir.remove_locks(out)
@@ -169,7 +181,7 @@ def run_specs(specs: Sequence[PointSpec], single: bool = False) -> list[dict | N
         # Another shard may have answered the point's last samples, and scored it, since this one closed it.
         if (rundir.read_json(spec.out / rundir.RUN) or {}).get("status") in rundir.FINISHED:
             metrics[index] = rundir.read_json(spec.out / rundir.METRICS)
-    return [metrics.get(index) for index in range(len(specs))]
+    return [metrics.get(directories.index(spec.out)) for spec in specs]
 
 
 def command(
@@ -220,14 +232,38 @@ def _run_on_one_model(specs: list[PointSpec], models: Models) -> list[Recorder]:
         models = Models()  # its own model and tokenizer, changed for this configuration alone (config.model_key)
     tokenizer = models.tokenizer(instantiate(cfgs[0].model.source))
     recorders = [Recorder(make_plan(spec, tokenizer)) for spec in specs]
-    for recorder in recorders:
-        recorder.start()
     pending = [recorder for recorder in recorders if recorder.plan.todo]
-    if not pending:
-        return recorders
-    torch.manual_seed(cfgs[0].seed)
+    # The model loads, and its samples are checked against it, before any session opens: a model that cannot load
+    # or rows that cannot fit it leave no run directory behind (the refusal's one line, exit 2).
+    model = _load_model(pending, models, tokenizer) if pending else None
+    started: list[Recorder] = []
+    try:
+        for recorder in recorders:
+            recorder.start()
+            started.append(recorder)
+        if pending:
+            _answer(pending, model, tokenizer)
+    except BaseException as reason:
+        # From the first session opened on, every way out says in run.json how it ended, never ``running``.
+        for recorder in started:
+            recorder.stopped(reason)
+        raise
+    return recorders
+
+
+def _load_model(pending: list[Recorder], models: Models, tokenizer):
+    """The model the pending points share, loaded with the first one's seed; each point's samples checked to fit."""
+    torch.manual_seed(pending[0].plan.cfg.seed)
     model = models.model(pending[0].plan)
     warn_if_unpatched(model)
+    for recorder in pending:
+        check_generation_fits(recorder.plan, model, tokenizer)
+    return model
+
+
+def _answer(pending: list[Recorder], model, tokenizer) -> None:
+    """Answer the pending points on their model: the pooled ones together, the others one by one through kvpress's
+    pipeline."""
     for recorder in pending:
         prepare_model(recorder.plan.press, model, tokenizer, recorder.plan.cfg.seed)
     budgets = []
@@ -235,29 +271,23 @@ def _run_on_one_model(specs: list[PointSpec], models: Models) -> list[Recorder]:
         budget, truncated = context_budget(recorder.plan, model, tokenizer)
         recorder.note_truncated(truncated)
         budgets.append(budget)
-    in_pool = [recorder for recorder in pending if pooled(recorder.plan, model)]
-    try:
-        for recorder, budget in zip(pending, budgets, strict=True):
-            if recorder not in in_pool:
-                _record(
-                    answer_with_pipeline(recorder.plan, model, tokenizer, budget), [recorder], recorder.plan.out.name
-                )
-        if in_pool:
-            answered = answer_pooled(
-                [recorder.plan for recorder in in_pool],
-                model,
-                tokenizer,
-                [budgets[pending.index(recorder)] for recorder in in_pool],
-                # Points may ask for different sizes (neither changes a prediction): the smallest holds for all.
-                min(recorder.plan.cfg.decode_batch_size for recorder in in_pool),
-                min(decode_memory_bytes(recorder.plan.cfg.decode_memory, model) for recorder in in_pool),
-            )
-            _record(answered, in_pool, "answering")
-    except BaseException as reason:
-        for recorder in pending:
-            recorder.stopped(reason)
-        raise
-    return recorders
+    for recorder in pending:
+        recorder.note_path(*answer_path(recorder.plan, model))
+    in_pool = [recorder for recorder in pending if recorder.path == "pool"]
+    for recorder, budget in zip(pending, budgets, strict=True):
+        if recorder not in in_pool:
+            _record(answer_with_pipeline(recorder.plan, model, tokenizer, budget), [recorder], recorder.plan.out.name)
+    if in_pool:
+        answered = answer_pooled(
+            [recorder.plan for recorder in in_pool],
+            model,
+            tokenizer,
+            [budgets[pending.index(recorder)] for recorder in in_pool],
+            # Points may ask for different sizes (neither changes a prediction): the smallest holds for all.
+            min(recorder.plan.cfg.decode_batch_size for recorder in in_pool),
+            min(decode_memory_bytes(recorder.plan.cfg.decode_memory, model) for recorder in in_pool),
+        )
+        _record(answered, in_pool, "answering")
 
 
 def _record(answered: Iterator[AnsweredGroup | Prefilled], recorders: list[Recorder], label: str) -> None:

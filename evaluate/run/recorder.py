@@ -27,6 +27,7 @@ from evaluate.errors import ConfigError
 from evaluate.run.tracking import Tracker
 from evaluate.score.rescore import score_rows
 from evaluate.score.tables import format_task_table
+from evaluate.spec.config import press_sources
 from evaluate.spec.plan import Plan, sample_identity
 from evaluate.spec.shard import Shard
 
@@ -175,6 +176,8 @@ def config_record(plan: Plan) -> dict:
         "compression_ratio": plan.spec.effective_cr,
         "fingerprint": plan.spec.fingerprint,
         "press": repr(plan.press),
+        # The code of a press defined outside kvpress and PressBench, which no version above identifies.
+        **({"sources": sources} if (sources := press_sources(plan.cfg)) else {}),
         "device": plan.spec.device,
         "versions": {
             "python": sys.version.split()[0],
@@ -203,6 +206,8 @@ class Recorder:
         self.unanswered = 0  # samples an environment failure left for the rerun
         self.environment_error: str | None = None
         self.truncated: int | None = None
+        self.path: str | None = None
+        self.path_why: str | None = None
         self.tracker = Tracker()
 
     def start(self) -> None:
@@ -247,6 +252,10 @@ class Recorder:
 
     def note_truncated(self, count: int) -> None:
         self.truncated = count
+
+    def note_path(self, path: str, why: str) -> None:
+        """Which engine answers this session (``pool`` or kvpress's ``pipeline``) and why, kept in run.json."""
+        self.path, self.path_why = path, why
 
     def record(self, result: AnsweredGroup) -> None:
         """Append a group's rows as the engine finished them (``likelihood`` holds each sample's likelihood fields,
@@ -408,6 +417,7 @@ class Recorder:
             "samples_expected": len(self.plan.share),
             "errors": self.n_errors,
             "truncated_samples": self.truncated,
+            **({"answered_by": {"path": self.path, "why": self.path_why}} if self.path else {}),
             **self.stats.record(),
             "peak_memory_mb": round(peak_memory_mb(self.plan.spec.device, self.plan.spec.device_map), 1),
             "device": self.plan.spec.device,

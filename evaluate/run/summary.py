@@ -60,7 +60,8 @@ def run_summary(cfg: DictConfig, metrics: dict, overrides: Sequence[str] = ()) -
     kept = [row["kept_ratio"] for row in rows if row.get("kept_ratio") is not None]
     method = method_name(cfg)
     lines = [
-        f"{method} at cr {effective_cr(cfg):.2f} on {cfg.benchmark.name} ({cfg.model.name}, {len(rows)} samples): "
+        f"{method} at cr {rundir.cr_text(effective_cr(cfg))} on {cfg.benchmark.name} ({cfg.model.name}, "
+        f"{len(rows)} samples): "
         + ", ".join(
             [
                 *([f"score {metrics['score']}"] if metrics.get("score") is not None else []),
@@ -85,12 +86,14 @@ def run_summary(cfg: DictConfig, metrics: dict, overrides: Sequence[str] = ()) -
             uncompressed = shlex.join(["press=none", *others])
             lines.append(f"uncompressed score of these samples: python -m evaluate {uncompressed}")
     lines.append(f"files: {out}/ (predictions.jsonl, metrics.json, run.json, config.yaml)")
-    press = [override for override in overrides if override.startswith(("press=", "scorer=", "method="))]
+    # The sweep suggested is the run's own press, its knobs included, at more ratios; an uncompressed run's sweeps
+    # two presses that compress.
+    press = [override for override in overrides if override.startswith(PRESS_OVERRIDES) and override[:3] != "cr="]
     if method == "no_press":
-        press = []  # a sweep of ratios means a press that compresses
+        press = ["press=chunkkv,eg_chunkkv"]
     report = shlex.quote(str(cfg.output_dir))
     lines.append(f"next: python -m evaluate.report {report}   (tables and plots of every run)")
-    sweep = shlex.join(["-m", *(press or ["press=chunkkv,eg_chunkkv"]), *others, "cr=0.5,0.7,0.9"])
+    sweep = shlex.join(["-m", *press, *others, "cr=0.5,0.7,0.9"])
     lines.append(f"      python -m evaluate {sweep}   (a sweep: one model load, one prefill per context)")
     return "\n".join(lines)
 
@@ -123,10 +126,16 @@ def sweep_summary(cfgs: Sequence[DictConfig], metrics: Sequence[dict | None]) ->
     setting the points differ in; '-' for a point left to another process), then the points whose samples failed."""
     settings = pd.DataFrame([_settings(cfg) for cfg in cfgs])
     differing = [key for key in settings.columns if settings[key].nunique(dropna=False) > 1]
-    points = settings[differing].assign(
-        method=[method_name(cfg) for cfg in cfgs],
-        cr=[f"{effective_cr(cfg):.2f}" for cfg in cfgs],
-        score=[_headline(result) for result in metrics],
+    # press=none at several ratios is one run, one cell.
+    points = (
+        settings[differing]
+        .assign(
+            method=[method_name(cfg) for cfg in cfgs],
+            cr=[rundir.cr_text(effective_cr(cfg)) for cfg in cfgs],
+            score=[_headline(result) for result in metrics],
+            run=[run_dir(cfg) for cfg in cfgs],
+        )
+        .drop_duplicates("run")
     )
     # Points that differ only in a setting this table leaves out (a press knob) share a cell, joined by " / ".
     table = points.pivot_table(index=["method", *differing], columns="cr", values="score", aggfunc=" / ".join)
@@ -137,7 +146,8 @@ def sweep_summary(cfgs: Sequence[DictConfig], metrics: Sequence[dict | None]) ->
     )
     lines = [f"sweep of {len(cfgs)} points, {shown} by method and cr:", table.fillna("").to_string()]
     failed = []
-    for cfg, result in zip(cfgs, metrics, strict=True):
+    for index in points.index:
+        cfg, result = cfgs[index], metrics[index]
         errors, samples = failed_samples(result) if result is not None else (0, 0)
         if errors:
             rows = rundir.read_predictions(run_dir(cfg) / rundir.PREDICTIONS)

@@ -9,22 +9,25 @@ import json
 import logging
 import os
 import socket
+import sys
 from collections.abc import Mapping
 from functools import cache, lru_cache
 from pathlib import Path
 
+import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from kvpress import BasePress
 from omegaconf import DictConfig, OmegaConf
 
-from evaluate import registry
+from evaluate import registry, rundir
 from evaluate.errors import ConfigError
 from evaluate.spec.keys import NON_RESULT_KEYS
 from evaluate.spec.press_traits import (
     changes_the_model,
     downloads,
     kvpress_defect,
+    members,
     needs_eager,
     needs_non_eager,
     needs_query_aware,
@@ -77,6 +80,29 @@ def _instantiate(press_config: dict | None) -> BasePress | None:
         if isinstance(error.__cause__, ConfigError):
             raise error.__cause__ from None
         raise
+
+
+# Packages whose code a run's versions already identify (config.yaml records kvpress's and PressBench's versions).
+_VERSIONED_PACKAGES = ("kvpress", "evaluate", "presses", "scorers")
+
+
+def press_sources(cfg: DictConfig) -> dict[str, str]:
+    """The source of each module that defines the run's press or a press it holds (its scorer), or a class they
+    derive from, outside kvpress and PressBench: ``{module: sha256 of its file}``. Your own press's code is part of
+    what a run answered with, though no setting names it: a resume on edited code is refused (plan.previous_rows)."""
+    press = described_press(cfg) if compresses(cfg) else None
+    modules = {
+        cls.__module__
+        for member in members(press)
+        for cls in type(member).__mro__
+        if cls.__module__.partition(".")[0] not in (*_VERSIONED_PACKAGES, "builtins", "abc")
+    }
+    sources = {}
+    for name in sorted(modules):
+        file = getattr(sys.modules.get(name), "__file__", None)
+        if file is not None:
+            sources[name] = hashlib.sha256(Path(file).read_bytes()).hexdigest()[:16]
+    return sources
 
 
 def uses_registry_entry(cfg: DictConfig) -> bool:
@@ -151,10 +177,9 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(
             f"decode_memory={cfg.decode_memory} must be a positive number of GiB, or null for the default"
         )
-    if resolve_device(cfg.device).startswith("cuda") and not _cuda_available():
-        raise ConfigError(
-            f"device={cfg.device}, but torch sees no CUDA GPU on this machine; use device=cpu or device=auto"
-        )
+    _check_device(cfg.device)
+    resolve_dtype(cfg.dtype)
+    _check_attention(cfg.attn_implementation, resolve_device(cfg.device))
     _check_device_map(cfg.get("device_map"))
     _check_writable(Path(cfg.output_dir))
     if cfg.truncation not in TRUNCATION_POLICIES:
@@ -169,8 +194,6 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"{stray} set the knobs of kvpress's registry entries; use method=<entry>")
     if not cfg.generate and not cfg.likelihood:
         raise ConfigError("generate=false with likelihood=false measures nothing; drop one of them")
-    if not compresses(cfg) and cfg.cr > 0:
-        logger.warning("press=none compresses nothing: cr=%s is ignored and the run is recorded at cr=0", cfg.cr)
     if not compresses(cfg):
         return
     press = described_press(cfg)
@@ -274,7 +297,7 @@ def fingerprint(cfg: DictConfig) -> str:
 
 def run_name(cfg: DictConfig) -> str:
     """Readable run directory name; the suffix hashes every result-changing key the name leaves out."""
-    parts = [cfg.benchmark.name, cfg.model.name, method_name(cfg), f"cr{effective_cr(cfg):.2f}"]
+    parts = [cfg.benchmark.name, cfg.model.name, method_name(cfg), f"cr{rundir.cr_text(effective_cr(cfg))}"]
     if cfg.query_aware:
         parts.append("query_aware")
     parts.append(fingerprint(cfg)[:6])
@@ -295,8 +318,6 @@ def model_key(cfg: DictConfig) -> str:
 
 
 def _cuda_available() -> bool:
-    import torch
-
     return torch.cuda.is_available()
 
 
@@ -330,6 +351,68 @@ def resolve_device_map(cfg: DictConfig) -> dict[str, int | str] | str | None:
         device_map = cfg.device_map
         return device_map if isinstance(device_map, str) else OmegaConf.to_container(device_map, resolve=True)
     return "auto" if resolve_device(cfg.device) == "auto" else None
+
+
+def resolve_dtype(dtype: str) -> torch.dtype | str:
+    """Map a config string ("auto", "float32", "bfloat16", ...) to what ``from_pretrained`` accepts."""
+    if dtype == "auto":
+        return "auto"
+    resolved = getattr(torch, str(dtype), None)
+    if not isinstance(resolved, torch.dtype):
+        raise ConfigError(f"dtype={dtype} is not a torch dtype; use auto, float32, float16 or bfloat16")
+    return resolved
+
+
+def _check_device(device: str) -> None:
+    """Refuse a device torch cannot parse, or one this machine does not have, before any run directory exists."""
+    resolved = resolve_device(device)
+    if resolved == "auto":
+        return
+    try:
+        parsed = torch.device(resolved)
+    except (RuntimeError, ValueError):
+        raise ConfigError(f"device={device} is not a device; use auto, cpu, cuda or cuda:N") from None
+    if parsed.type == "cuda":
+        if not _cuda_available():
+            raise ConfigError(
+                f"device={device}, but torch sees no CUDA GPU on this machine; use device=cpu or device=auto"
+            )
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise ConfigError(
+                f"device={device}, but torch sees {torch.cuda.device_count()} CUDA GPUs (cuda:0 to "
+                f"cuda:{torch.cuda.device_count() - 1}); use one of them or device=auto"
+            )
+    elif parsed.type != "cpu":
+        accelerator = torch.accelerator.current_accelerator()
+        if accelerator is None or accelerator.type != parsed.type:
+            raise ConfigError(f"device={device}, but this machine has no {parsed.type} device; use device=auto")
+
+
+def _check_attention(attn_implementation: str | None, device: str) -> None:
+    """Refuse an attention transformers does not know, or flash attention where it cannot run. PressBench refuses an
+    explicit ``flash_attention_2`` without ``flash_attn`` rather than fall back: only ``null`` is kvpress's rule,
+    which falls back to sdpa when it cannot import flash_attn."""
+    if attn_implementation is None:
+        return
+    from transformers.integrations.hub_kernels import is_kernel
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    from transformers.utils import is_flash_attn_2_available, is_flash_attn_3_available
+
+    known = ["eager", *ALL_ATTENTION_FUNCTIONS.valid_keys()]
+    if attn_implementation not in known and not is_kernel(attn_implementation):
+        raise ConfigError(
+            f"attn_implementation={attn_implementation} is not an attention transformers knows; use null "
+            "(kvpress's rule), eager, sdpa, flash_attention_2, flash_attention_3 or flex_attention"
+        )
+    flash = attn_implementation.removeprefix("paged|")
+    available = {"flash_attention_2": is_flash_attn_2_available, "flash_attention_3": is_flash_attn_3_available}
+    if flash in available and not (runs_on_cuda(device) and available[flash]()):
+        package = "flash_attn" if flash == "flash_attention_2" else "flash_attn_3"
+        raise ConfigError(
+            f"attn_implementation={attn_implementation} needs a CUDA GPU and the {package} package, which this "
+            f"machine lacks (device={device}); install it on a GPU machine, or use attn_implementation=null: "
+            "kvpress's rule, flash_attention_2 where flash_attn imports, else sdpa"
+        )
 
 
 def _check_device_map(device_map) -> None:

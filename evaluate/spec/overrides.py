@@ -10,6 +10,7 @@ key or option, for single runs and every point of a ``-m`` sweep alike, before a
 settings (``hydra.*``, ``hydra/launcher=...``) are left to Hydra.
 """
 
+import importlib.util
 from collections.abc import Iterator, Sequence
 from difflib import get_close_matches
 from functools import cache
@@ -33,34 +34,65 @@ ALIASES = {"compression_ratio": "cr"}
 
 def check_command_line(argv: Sequence[str]) -> None:
     """Refuse the unknown keys and options among the overrides of ``python -m evaluate`` (``argv`` without the
-    program name; flags such as ``-m`` and ``--cfg job`` are Hydra's and pass)."""
-    check_overrides(get_args_parser().parse_args(list(argv)).overrides)
+    program name; flags such as ``-m`` and ``--cfg job`` are Hydra's and pass). A ``--config-dir`` adds its
+    config groups' options, as Hydra adds them."""
+    args = get_args_parser().parse_args(list(argv))
+    check_overrides(args.overrides, () if args.config_dir is None else (Path(args.config_dir),))
 
 
-def check_overrides(overrides: Sequence[str]) -> None:
-    """Refuse the first override whose key no config sets or whose config group has no such option."""
+def check_overrides(overrides: Sequence[str], config_dirs: Sequence[Path] = ()) -> None:
+    """Refuse the first override whose key no config sets or whose config group has no such option. The options
+    and keys are those of conf/, ``config_dirs`` and the folders ``hydra.searchpath=[...]`` adds (Hydra's way to
+    bring your own configs: ``hydra.searchpath=[file:///path/to/conf] scorer=mine``)."""
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except OverrideParseException as error:
         raise ConfigError(" ".join(str(error).split())) from None
+    searched = [
+        folder
+        for override in parsed
+        if override.key_or_group == "hydra.searchpath"
+        for folder in _search_path_folders(override.value())
+    ]
+    folders = (CONF_DIR, *config_dirs, *searched)
     for override in parsed:
         key = override.key_or_group
         if key == "hydra" or key.startswith(("hydra.", "hydra/")):
             continue
-        if key in groups():
-            _check_options(override)
+        if key in groups(folders):
+            _check_options(override, folders)
         else:
-            _check_key(override)
+            _check_key(override, folders)
+
+
+def _search_path_folders(value) -> list[Path]:
+    """The folders of a ``hydra.searchpath`` value: ``file://`` paths and ``pkg://`` packages, as Hydra reads them."""
+    entries = value if isinstance(value, list) else [value]
+    folders = []
+    for entry in map(str, entries):
+        scheme, _, where = entry.partition("://")
+        if scheme == "file":
+            folders.append(Path(where).expanduser())
+        elif scheme == "pkg":
+            spec = importlib.util.find_spec(where.replace("/", "."))
+            folders += [Path(location) for location in (spec.submodule_search_locations or [])] if spec else []
+        elif not where:  # a bare path is a file:// one for Hydra
+            folders.append(Path(entry).expanduser())
+    missing = [folder for folder in folders if not folder.is_dir()]
+    if missing:
+        raise ConfigError(f"hydra.searchpath names {missing[0]}, which is not a folder; give file:///absolute/path")
+    return folders
 
 
 @cache
-def groups() -> dict[str, tuple[str, ...]]:
-    """Each config group but Hydra's, with its options: conf/<group>/*.yaml and those stored in code (method=)."""
-    found = {
-        folder.name: {path.stem for path in folder.glob("*.yaml")}
-        for folder in CONF_DIR.iterdir()
-        if folder.is_dir() and folder.name not in _NOT_SETTINGS
-    }
+def groups(folders: tuple[Path, ...] = (CONF_DIR,)) -> dict[str, tuple[str, ...]]:
+    """Each config group but Hydra's, with its options: <folder>/<group>/*.yaml of each config folder, and those
+    stored in code (method=)."""
+    found: dict[str, set[str]] = {}
+    for root in folders:
+        for folder in root.iterdir():
+            if folder.is_dir() and folder.name not in _NOT_SETTINGS:
+                found.setdefault(folder.name, set()).update(path.stem for path in folder.glob("*.yaml"))
     for group, options in ConfigStore.instance().repo.items():
         if isinstance(options, dict) and group not in _NOT_SETTINGS:
             found.setdefault(group, set()).update(name.removesuffix(".yaml") for name in options)
@@ -74,12 +106,12 @@ def settings() -> frozenset[str]:
 
 
 @cache
-def known_keys() -> frozenset[str]:
+def known_keys(folders: tuple[Path, ...] = (CONF_DIR,)) -> frozenset[str]:
     """Every key, dotted (``model.source.seed``), that conf/config.yaml or an option of a config group sets."""
     keys = set(_dotted(OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml")), ""))
-    for group in groups():
+    for group in groups(folders):
         keys.add(group)
-        for path in (CONF_DIR / group).glob("*.yaml"):
+        for path in (path for root in folders for path in (root / group).glob("*.yaml")):
             package = "" if "# @package _global_" in path.read_text(encoding="utf-8") else group
             keys.update(_dotted(OmegaConf.to_container(OmegaConf.load(path)), package))
     return frozenset(keys)
@@ -95,12 +127,12 @@ def _dotted(node: dict, prefix: str) -> Iterator[str]:
             yield from _dotted(value, path)
 
 
-def _check_options(override: Override) -> None:
+def _check_options(override: Override, folders: tuple[Path, ...]) -> None:
     group = override.key_or_group
     if override.is_delete() or isinstance(override.value(), Glob):
         return  # a glob chooses among the options that exist
     values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.value()]
-    options = groups()[group]
+    options = groups(folders)[group]
     for value in values:
         if value is None or str(value) in options:
             continue
@@ -109,18 +141,18 @@ def _check_options(override: Override) -> None:
         raise ConfigError(f"{group}={value} is not an option of {group}; {fix}")
 
 
-def _check_key(override: Override) -> None:
+def _check_key(override: Override, folders: tuple[Path, ...]) -> None:
     key, value = override.key_or_group, override.input_line.partition("=")[2]
     adds = override.is_add() or override.is_force_add()
-    if key in known_keys():
+    if key in known_keys(folders):
         if override.is_add() and key in settings():
             raise ConfigError(f"{key} is a setting already; give it without the +: {key}={value}")
         return
     parent, _, argument = key.rpartition(".")
-    takes_arguments = bool(parent) and f"{parent}._target_" in known_keys()
+    takes_arguments = bool(parent) and f"{parent}._target_" in known_keys(folders)
     if adds and takes_arguments:
         return  # an argument of the constructor the node names, which refuses one it does not take
-    close = _closest(key)
+    close = _closest(key, folders)
     if close:
         fix = f"did you mean {close}={value}?"
     elif takes_arguments:
@@ -130,17 +162,17 @@ def _check_key(override: Override) -> None:
     raise ConfigError(f"unknown setting {key}; {fix}")
 
 
-def _closest(key: str) -> str | None:
+def _closest(key: str, folders: tuple[Path, ...]) -> str | None:
     """The known key ``key`` most likely meant: the one under the same node whose last name is closest, a sibling
     before a deeper key (``limt``: limit; ``scorer.window``: scorer.press.window_size; kvpress's
     ``compression_ratio``: cr); under a node no config sets, the closest whole key (``source.seed``: model.source.seed).
     """
     parent, _, name = key.rpartition(".")
-    if parent and parent not in known_keys():
-        close = get_close_matches(key, known_keys(), n=1)
+    if parent and parent not in known_keys(folders):
+        close = get_close_matches(key, known_keys(folders), n=1)
         return close[0] if close else None
     under = sorted(
-        (known for known in known_keys() if not parent or known.startswith(f"{parent}.")),
+        (known for known in known_keys(folders) if not parent or known.startswith(f"{parent}.")),
         key=lambda known: (-known.count("."), known),
     )
     names = {known.rpartition(".")[2]: known for known in under}  # the shallowest key of each name is kept

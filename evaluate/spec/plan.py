@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 from evaluate import rundir
 from evaluate.benchmarks import Sample
 from evaluate.errors import ConfigError
-from evaluate.spec.config import build_press, validate_context_lengths
+from evaluate.spec.config import build_press, press_sources, validate_context_lengths
 from evaluate.spec.point import PointSpec
 from evaluate.spec.press_traits import compressed_suffix, decodes_per_sample, why_not_teacher_forced
 
@@ -231,6 +231,17 @@ def previous_rows(spec: PointSpec) -> list[dict]:
         raise ConfigError(
             f"{out} holds predictions of a different configuration; pass overwrite=true to discard them "
             "or output_dir=... to keep both"
+        )
+    sources, answered_with = press_sources(cfg), (recorded or {}).get("sources") or {}
+    changed = [
+        name for name in sorted(set(sources) | set(answered_with)) if sources.get(name) != answered_with.get(name)
+    ]
+    if answered_with and changed:
+        name = changed[0]
+        raise ConfigError(
+            f"{out} was answered by other code of its press: {name} was {answered_with.get(name) or 'absent'}, is "
+            f"{sources.get(name) or 'absent'} now (sha256); pass overwrite=true to redo the run with this code, "
+            "output_dir=... to keep both, or restore the code it was answered with to resume"
         )
     own = out / rundir.PREDICTIONS if spec.shard.whole else rundir.shard_path(out, spec.shard.name, ".jsonl")
     rundir.read_predictions(own, repair=True)
