@@ -1,5 +1,8 @@
-"""Helpers shared by the tests: composing the real Hydra config, and a small in-code benchmark."""
+"""Helpers shared by the tests: composing the real Hydra config, running the command, and a small in-code
+benchmark."""
 
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -17,6 +20,7 @@ from evaluate.engine.prefill import PrefillCapture
 from evaluate.models.sources import TinyRandomModel
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+REPO = CONF_DIR.parent
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.\n"
 
@@ -53,6 +57,18 @@ def captured_prefill(length: int = 300) -> tuple[torch.nn.Module, torch.Tensor, 
     with torch.no_grad(), capture:
         model.model(input_ids=input_ids, past_key_values=DynamicCache())
     return model, input_ids, capture.captured
+
+
+def evaluate_cli(*arguments: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``python -m evaluate ARGUMENTS`` as a user runs it, offline, from the repository."""
+    return subprocess.run(
+        [sys.executable, "-m", "evaluate", *arguments],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"HF_HUB_OFFLINE": "1", "PATH": "", **(env or {})},
+    )
 
 
 def compose_config(output_dir: Path, *overrides: str):

@@ -1,14 +1,12 @@
 """Unknown keys and options are refused in one line naming the fix, ``+key`` included, before any folder exists;
 the ``+`` arguments the docs and tests use still compose."""
 
-import subprocess
-import sys
-
 import pytest
 
 from evaluate.errors import ConfigError
 from evaluate.spec.overrides import check_command_line, check_overrides
 from tests.support import CONF_DIR, compose_config
+from tests.support import evaluate_cli as cli
 
 REPO = CONF_DIR.parent
 
@@ -67,17 +65,6 @@ def test_a_documented_addition_still_composes(tmp_path):
     assert cfg.benchmark.dataset == "someone/ruler"
 
 
-def cli(*arguments: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "evaluate", *arguments],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={"HF_HUB_OFFLINE": "1", "PATH": ""},
-    )
-
-
 @pytest.mark.slow  # a python -m evaluate process each (~7 s on 2 CPU cores)
 @pytest.mark.parametrize(
     ("arguments", "line"),
@@ -100,14 +87,12 @@ def test_the_command_refuses_an_unknown_key_in_one_line_before_any_folder_exists
 @pytest.mark.slow  # a python -m evaluate process each (~8 s on 2 CPU cores)
 @pytest.mark.parametrize("launcher", ["shared_prefill", "gpus"])
 def test_a_sweep_that_runs_one_configuration_twice_is_refused_and_leaves_no_folder(tmp_path, launcher):
-    # docs/results.md's example once swept press=none beside three ratios: one run, three times.
+    # device is no result key, and auto is the CPU here: two points, one run directory.
     out = tmp_path / "runs"
-    result = cli("-m", f"hydra/launcher={launcher}", "model=tiny_random", "press=none,chunkkv", "cr=0.5,0.7",
+    result = cli("-m", f"hydra/launcher={launcher}", "model=tiny_random", "press=chunkkv", "device=cpu,auto",
                  f"output_dir={out}")  # fmt: skip
     assert result.returncode == 2
     [line] = result.stderr.splitlines()
-    assert line.startswith(f"error: the sweep runs the same configuration twice: {out}/ruler_synth__tiny-random__no_")
-    assert line.endswith(
-        "; drop the repeats (press=none is one run at any cr; limit, device and the like make no other run)"
-    )
+    assert line.startswith(f"error: the sweep runs the same configuration twice: {out}/ruler_synth__tiny-random__")
+    assert line.endswith("; drop the repeats (limit, device and the like make no other run)")
     assert not out.exists()

@@ -99,7 +99,7 @@ def checked(cfgs: Sequence[DictConfig], single: bool = False) -> list[PointSpec]
     if duplicates:
         raise ConfigError(
             f"the sweep runs the same configuration twice: {', '.join(sorted(duplicates))}; "
-            "drop the repeats (press=none is one run at any cr; limit, device and the like make no other run)"
+            "drop the repeats (limit, device and the like make no other run)"
         )
     return specs
 
