@@ -35,6 +35,8 @@ PLACEHOLDERS = {
     "<ratio>": "0.5",
     "cr=...": "cr=0.5",
     "<run>": "run",
+    # Your own config folder (README): one holding scorer/mine.yaml.
+    "file:///path/to/conf": f"file://{REPO}/tests/fixtures/own_conf",
 }
 COMMAND = re.compile(r"(python -m evaluate\S*|make run)(.*)")
 
@@ -98,7 +100,8 @@ def check_evaluate(args: list[str]) -> None:
             if parsed.multirun
             else [task]
         )
-        points = [compose("config", overrides=job, return_hydra_config=True) for job in jobs]
+        hydra = list(filter(is_hydra, parsed.overrides))  # hydra.searchpath adds config folders to every point
+        points = [compose("config", overrides=[*job, *hydra], return_hydra_config=True) for job in jobs]
     for point in points:
         validate_choices(point.hydra.runtime.choices)
         with open_dict(point):
