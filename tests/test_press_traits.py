@@ -74,3 +74,39 @@ def test_an_unknown_press_takes_the_pipeline_path_with_a_logged_reason(tmp_path,
 def test_a_non_eager_press_is_refused_under_eager_before_the_model_loads(tmp_path):
     with pytest.raises(ConfigError, match="attn_implementation=eager"):
         run(with_shared_context(compose_config(tmp_path, "press=chunkkv", "attn_implementation=eager")))
+
+
+def test_every_trait_is_read_off_one_table_verified_traits_for_the_named_class_only():
+    import kvpress
+
+    from evaluate.spec import press_traits
+    from presses.chunkkv_exact import ExactChunkKVPress
+    from presses.eg_chunkkv import EntropyGatedChunkKVPress
+    from scorers.dropkv import DropKVPress
+
+    classes = {
+        cls
+        for cls in (*vars(kvpress).values(), ExactChunkKVPress, EntropyGatedChunkKVPress, DropKVPress)
+        if isinstance(cls, type) and issubclass(cls, kvpress.BasePress)
+    }
+
+    def having(trait: str) -> set[str]:
+        return {cls.__qualname__ for cls in classes if getattr(press_traits.traits(cls), trait)}
+
+    # What engine/prefill.py and engine/score_memo.py listed before the table, and press_traits's isinstance checks.
+    assert having("shares_scores") == {
+        "SnapKVPress", "TOVAPress", "ExpectedAttentionPress", "KnormPress", "KeyDiffPress", "DropKVPress"
+    }  # fmt: skip
+    assert having("read_only") == having("shares_scores") | {
+        "AdaKVPress", "ChunkKVPress", "EntropyGatedChunkKVPress", "ExactChunkKVPress", "RandomPress",
+        "StreamingLLMPress",
+    }  # fmt: skip
+    assert not press_traits.traits(kvpress.PyramidKVPress).read_only  # a SnapKV with its own compress
+    non_eager = (kvpress.AdaKVPress, kvpress.ChunkKVPress, kvpress.EntropyGatedChunkKVPress)
+    assert having("needs_non_eager") == {cls.__qualname__ for cls in classes if issubclass(cls, non_eager)}
+    assert having("decodes") == {cls.__qualname__ for cls in classes if issubclass(cls, kvpress.DecodingPress)}
+    assert having("needs_eager") == {"ObservedAttentionPress"}
+    assert having("needs_query_aware") == having("changes_model") == {"FinchPress"}
+    assert having("downloads") == {
+        "DuoAttentionPress", "KVzapPress", "QFilterPress", "FastKVzipPress", "RestoreKVPress", "LUKVPress"
+    }  # fmt: skip

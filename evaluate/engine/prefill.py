@@ -14,19 +14,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
-from kvpress import (
-    AdaKVPress,
-    BasePress,
-    ChunkKVPress,
-    ExpectedAttentionPress,
-    KeyDiffPress,
-    KnormPress,
-    RandomPress,
-    SnapKVPress,
-    StreamingLLMPress,
-    TOVAPress,
-)
-from kvpress import EntropyGatedChunkKVPress as UpstreamEntropyGatedChunkKVPress
+from kvpress import BasePress
 from kvpress.utils import extract_keys_and_values
 from transformers import DynamicCache
 
@@ -35,10 +23,7 @@ from evaluate.engine.devices import onloaded
 from evaluate.engine.exact_compress import compress
 from evaluate.engine.pipeline import chat_template_enabled
 from evaluate.engine.score_memo import ScoreMemo
-from evaluate.spec.press_traits import members
-from presses.chunkkv_exact import ExactChunkKVPress
-from presses.eg_chunkkv import EntropyGatedChunkKVPress
-from scorers.dropkv import DropKVPress
+from evaluate.spec.press_traits import members, traits
 
 
 class PrefillCapture:
@@ -66,32 +51,10 @@ def clear_masks(layers) -> None:
         layer.self_attn.masked_key_indices = None
 
 
-# Presses whose ``compress`` writes into none of the tensors it is given, read in kvpress 0.5.5 (and PressBench's
-# own): they select with gather or index_select, which copy, or leave keys and values as they are (AdaKV masks,
-# zero ratios). ThinK zeroes pruned key channels in place; it and any class not listed get copies.
-READ_ONLY_PRESSES: frozenset[type[BasePress]] = frozenset(
-    {
-        AdaKVPress,
-        ChunkKVPress,
-        DropKVPress,
-        EntropyGatedChunkKVPress,
-        ExactChunkKVPress,
-        ExpectedAttentionPress,
-        KeyDiffPress,
-        KnormPress,
-        RandomPress,
-        SnapKVPress,
-        StreamingLLMPress,
-        TOVAPress,
-        UpstreamEntropyGatedChunkKVPress,
-    }
-)
-
-
 def needs_copy(press: BasePress | None) -> bool:
     """Whether ``press`` must compress copies of the captured keys and values, which serve every other point:
-    unless it and every press it holds are known to write into nothing they are given."""
-    return any(type(member) not in READ_ONLY_PRESSES for member in members(press))
+    unless it and every press it holds are known to write into nothing they are given (their ``read_only`` trait)."""
+    return not all(traits(type(member)).read_only for member in members(press))
 
 
 def compressed_cache(

@@ -2,14 +2,13 @@
 
 On the shared-prefill path every point of a context compresses the same captured layer inputs. The scores of a
 ScorerPress (SnapKV's window attention, most of a point's compression time) depend on those inputs and on the
-scorer's configuration, but for the scorers listed in :data:`SHARED_SCORERS` not on the compression ratio, nor
-on which press wraps the scorer (top-k, ChunkKV, EG-ChunkKV, AdaKV...): every such point's scores are the same
-tensor. :class:`ScoreMemo` computes them on the first request of a context and hands a copy to every later one.
+scorer's configuration, but for the scorers whose ``shares_scores`` trait is set (evaluate/spec/press_traits.py),
+not on the compression ratio, nor on which press wraps the scorer (top-k, ChunkKV, EG-ChunkKV, AdaKV...): every
+such point's scores are the same tensor. :class:`ScoreMemo` computes them on the first request of a context and
+hands a copy to every later one.
 
-Left out on purpose, read in kvpress 0.5.5: StreamingLLM, whose scores depend on the ratio; RandomPress, which
-draws random numbers (without a seed, from the point's own stream, which must draw what it draws in a run
-alone); and any other class, subclasses of the listed ones included (PyramidKV is a SnapKV with another
-``compress``), until read and listed. They are computed as before, for every point.
+The trait table says which scorers were read and left out (StreamingLLM, RandomPress), and why; a class without
+the trait, subclasses of the listed ones included, computes its scores for every point.
 """
 
 from collections.abc import Callable, Iterator
@@ -17,17 +16,10 @@ from contextlib import contextmanager
 from dataclasses import fields
 
 import torch
-from kvpress import BasePress, ExpectedAttentionPress, KeyDiffPress, KnormPress, SnapKVPress, TOVAPress
+from kvpress import BasePress
 from kvpress.presses.scorer_press import ScorerPress
 
-from evaluate.spec.press_traits import members
-from scorers.dropkv import DropKVPress
-
-# Scorers whose ``score`` is a function of the layer's inputs and of their fields other than the compression ratio
-# only: no random numbers, no state kept between calls, and no write into the tensors they are given.
-SHARED_SCORERS: frozenset[type[ScorerPress]] = frozenset(
-    {SnapKVPress, TOVAPress, ExpectedAttentionPress, KnormPress, KeyDiffPress, DropKVPress}
-)
+from evaluate.spec.press_traits import members, traits
 
 
 def configuration(scorer: ScorerPress) -> tuple:
@@ -53,7 +45,7 @@ class ScoreMemo:
     @contextmanager
     def sharing(self, press: BasePress | None) -> Iterator[None]:
         """Within the block, the shared scorers among ``press``'s members read their scores from the memo."""
-        scorers = {id(member): member for member in members(press) if type(member) in SHARED_SCORERS}.values()
+        scorers = {id(member): member for member in members(press) if traits(type(member)).shares_scores}.values()
         for scorer in scorers:
             # An instance attribute shadows the class's method for this object alone, as long as the block lasts.
             scorer.score = self._memoised(scorer)

@@ -1,4 +1,10 @@
-"""What a press needs from the harness, read off the press object: no press YAML or class list has to say it."""
+"""What a press needs from the harness: one table of press classes and their traits, read wherever a trait is
+asked. kvpress's classes declare none of these, so they are declared here, once; adding a press or a scorer that
+needs one means one row.
+"""
+
+from dataclasses import dataclass
+from functools import cache
 
 import torch
 from kvpress import (
@@ -8,24 +14,113 @@ from kvpress import (
     ChunkKVPress,
     DecodingPress,
     DuoAttentionPress,
-    EntropyGatedChunkKVPress,
+    ExpectedAttentionPress,
     FastKVzipPress,
     FinchPress,
+    KeyDiffPress,
+    KnormPress,
     KVzapPress,
     LUKVPress,
     ObservedAttentionPress,
     QFilterPress,
+    RandomPress,
     RestoreKVPress,
+    SnapKVPress,
+    StreamingLLMPress,
+    TOVAPress,
 )
+from kvpress import EntropyGatedChunkKVPress as UpstreamEntropyGatedChunkKVPress
 
-# kvpress declares no attention requirement on its classes, so it is declared here, once: AdaKV masks keys through
-# the attention functions kvpress patches (sdpa, flash), and ChunkKV / EG-ChunkKV (ours subclass them) refuse the
-# attention weights eager attention hands to their hook.
-NON_EAGER_PRESSES: tuple[type[BasePress], ...] = (AdaKVPress, ChunkKVPress, EntropyGatedChunkKVPress)
+from presses.chunkkv_exact import ExactChunkKVPress
+from presses.eg_chunkkv import EntropyGatedChunkKVPress
+from scorers.dropkv import DropKVPress
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What the harness must know of a press class that the class does not say itself.
+
+    The two *verified* traits hold for the class named and never for its subclasses, which may override what was
+    read (PyramidKV is a SnapKV with another ``compress``); the *required* ones hold for its subclasses too.
+
+    - ``read_only`` (verified): its ``compress`` writes into none of the tensors it is given (it selects with
+      gather or index_select, which copy, or leaves keys and values as they are), so the shared prefill lends it the
+      captured tensors themselves (evaluate/engine/prefill.py); any other class gets copies.
+    - ``shares_scores`` (verified): a scorer whose ``score`` is a function of the layer's inputs and of its fields
+      other than the compression ratio only (no random numbers, no state, no writes), so one context's points share
+      one computation (evaluate/engine/score_memo.py).
+    - ``needs_non_eager``: refuses eager attention (AdaKV masks keys through the attention functions kvpress patches;
+      ChunkKV and EG-ChunkKV refuse the weights eager attention hands their hook).
+    - ``needs_eager``: reads the attention weights, which kvpress's runner loads eager attention for.
+    - ``needs_query_aware``: finds the question behind a delimiter, so kvpress's runner requires query-aware runs.
+    - ``decodes``: compresses while the answer is decoded, so each row is asked on its own and has no fixed cache.
+    - ``changes_model``: changes the model and tokenizer it runs on (Finch's delimiter token), so it loads its own.
+    - ``downloads``: what it downloads when it first meets a model, which does not ship with kvpress.
+    """
+
+    read_only: bool = False
+    shares_scores: bool = False
+    needs_non_eager: bool = False
+    needs_eager: bool = False
+    needs_query_aware: bool = False
+    decodes: bool = False
+    changes_model: bool = False
+    downloads: str | None = None
+
+
+# Read in kvpress 0.5.5 and PressBench's own presses and scorers. StreamingLLM's scores depend on the ratio and
+# RandomPress draws from the point's own stream: read-only, but never shared. ThinK zeroes pruned key channels in
+# place: not read-only.
+TRAITS: dict[type[BasePress], Traits] = {
+    AdaKVPress: Traits(read_only=True, needs_non_eager=True),
+    ChunkKVPress: Traits(read_only=True, needs_non_eager=True),
+    UpstreamEntropyGatedChunkKVPress: Traits(read_only=True, needs_non_eager=True),
+    ExactChunkKVPress: Traits(read_only=True),
+    EntropyGatedChunkKVPress: Traits(read_only=True),
+    SnapKVPress: Traits(read_only=True, shares_scores=True),
+    TOVAPress: Traits(read_only=True, shares_scores=True),
+    ExpectedAttentionPress: Traits(read_only=True, shares_scores=True),
+    KnormPress: Traits(read_only=True, shares_scores=True),
+    KeyDiffPress: Traits(read_only=True, shares_scores=True),
+    DropKVPress: Traits(read_only=True, shares_scores=True),
+    RandomPress: Traits(read_only=True),
+    StreamingLLMPress: Traits(read_only=True),
+    ObservedAttentionPress: Traits(needs_eager=True),
+    FinchPress: Traits(needs_query_aware=True, changes_model=True),
+    DecodingPress: Traits(decodes=True),
+    DuoAttentionPress: Traits(
+        downloads="DuoAttention's attention patterns (from its GitHub repository, for a few checkpoints)"
+    ),
+    KVzapPress: Traits(downloads="KVzap's scorer weights (nvidia/KVzap-<type>-<model>)"),
+    QFilterPress: Traits(downloads="the model's Q-filters (nthngdy/<model>_qfilt)"),
+    FastKVzipPress: Traits(downloads="Fast-KVzip's gates (Jang-Hyun/Fast-KVzip)"),
+    RestoreKVPress: Traits(downloads="RestoreKV's embeddings (higokri/RestoreKV-<model>)"),
+    LUKVPress: Traits(downloads="a budget curve, published for meta-llama/Llama-3.1-8B-Instruct only"),
+}
+_VERIFIED = ("read_only", "shares_scores")
+
+
+@cache
+def traits(cls: type[BasePress]) -> Traits:
+    """The traits of a press class: its own row's, and the required traits its base classes' rows declare."""
+    own = TRAITS.get(cls, Traits())
+    required = {
+        name: getattr(TRAITS[base], name)
+        for base in reversed(cls.__mro__[1:])
+        if base in TRAITS
+        for name in Traits.__dataclass_fields__
+        if name not in _VERIFIED and getattr(TRAITS[base], name)
+    }
+    return Traits(**{**required, **{name: value for name, value in own.__dict__.items() if value}})
+
+
+def any_member(press: BasePress | None, trait: str) -> bool:
+    """Whether ``press`` or a press it holds has ``trait``."""
+    return any(getattr(traits(type(member)), trait) for member in members(press))
 
 
 def needs_non_eager(press: BasePress | None) -> bool:
-    return any(isinstance(member, NON_EAGER_PRESSES) for member in members(press))
+    return any_member(press, "needs_non_eager")
 
 
 def why_not_shared_prefill(press: BasePress | None, attention: str) -> str | None:
@@ -59,26 +154,13 @@ def members(press: BasePress | None) -> list[BasePress]:
     return found
 
 
-# What each kvpress class downloads when it first meets a model (post_init_from_model or its first forward): none of
-# it ships with kvpress, so offline these entries cannot run at all.
-HUB_DOWNLOADS: dict[type[BasePress], str] = {
-    DuoAttentionPress: "DuoAttention's attention patterns (from its GitHub repository, for a few checkpoints)",
-    KVzapPress: "KVzap's scorer weights (nvidia/KVzap-<type>-<model>)",
-    QFilterPress: "the model's Q-filters (nthngdy/<model>_qfilt)",
-    FastKVzipPress: "Fast-KVzip's gates (Jang-Hyun/Fast-KVzip)",
-    RestoreKVPress: "RestoreKV's embeddings (higokri/RestoreKV-<model>)",
-    LUKVPress: "a budget curve, published for meta-llama/Llama-3.1-8B-Instruct only",
-}
-
-
 def downloads(press: BasePress | None) -> str | None:
     """What ``press`` must download before it can compress anything, if anything."""
     for member in members(press):
         if isinstance(member, DuoAttentionPress) and member.on_the_fly_scoring:
             return "the kmfoda/booksum dataset, to score DuoAttention's heads on the fly"
-        for cls, what in HUB_DOWNLOADS.items():
-            if isinstance(member, cls):
-                return what
+        if traits(type(member)).downloads:
+            return traits(type(member)).downloads
     return None
 
 
@@ -91,24 +173,24 @@ def kvpress_defect(press: BasePress | None) -> str | None:
 
 def needs_eager(press: BasePress | None) -> bool:
     """kvpress's runner loads the model with eager attention for ObservedAttentionPress, which reads its weights."""
-    return isinstance(press, ObservedAttentionPress)
+    return press is not None and traits(type(press)).needs_eager
 
 
 def needs_query_aware(press: BasePress | None) -> bool:
     """FinchPress finds the question behind a delimiter token appended to the context: kvpress's runner requires
     query-aware runs for it."""
-    return isinstance(press, FinchPress)
+    return press is not None and traits(type(press)).needs_query_aware
 
 
 def decodes_per_sample(press: BasePress | None) -> bool:
     """Decoding-time presses compress while one question's answer is generated, so kvpress's runner asks each row
     on its own (``question=``) instead of a context's questions together."""
-    return isinstance(press, DecodingPress)
+    return press is not None and traits(type(press)).decodes
 
 
 def changes_the_model(press: BasePress | None) -> bool:
     """FinchPress adds its delimiter token to the tokenizer and resizes the model's embeddings to it."""
-    return isinstance(press, FinchPress)
+    return press is not None and traits(type(press)).changes_model
 
 
 def compressed_suffix(press: BasePress | None) -> str:
