@@ -128,7 +128,8 @@ def test_press_none_in_a_sweep_of_ratios_runs_once_as_every_points_baseline(tmp_
     ]
     [warning] = [record.getMessage() for record in caplog.records if "compresses nothing" in record.getMessage()]
     assert warning == (
-        "press=none compresses nothing: cr=0.5,0.9 ignored, the sweep runs it once, at cr=0, the baseline of its points"
+        "press=none compresses nothing: cr=0.5,0.9 is ignored and the sweep runs it once, at cr=0, as the baseline "
+        "of its points"
     )
     assert rundir.read_json(run_dir(cfgs[0]) / rundir.RUN)["sessions"] == 1
 

@@ -91,8 +91,13 @@ def checked(cfgs: Sequence[DictConfig], single: bool = False) -> list[PointSpec]
     specs = [resolve(cfg) for cfg in cfgs]
     ignored = sorted({float(cfg.cr) for cfg in cfgs if not compresses(cfg) and cfg.cr > 0})
     if ignored:
-        where = "the sweep runs it once, at cr=0, the baseline of its points" if len(cfgs) > 1 else "recorded at cr=0"
-        logger.warning("press=none compresses nothing: cr=%s ignored, %s", ",".join(f"{cr:g}" for cr in ignored), where)
+        logger.warning(
+            "press=none compresses nothing: cr=%s is ignored and %s",
+            ",".join(f"{cr:g}" for cr in ignored),
+            "the sweep runs it once, at cr=0, as the baseline of its points"
+            if len(cfgs) > 1
+            else "the run is recorded at cr=0",
+        )
     directories = [spec.out for spec in specs]
     # press=none is one run at any cr: a sweep over ratios runs it once (run_specs), its baseline for every point.
     duplicates = {str(spec.out) for spec in specs if directories.count(spec.out) > 1 and compresses(spec.cfg)}
