@@ -14,9 +14,9 @@ from evaluate.spec.overrides import check_command_line
 @hydra.main(version_base=None, config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
     hydra_config = HydraConfig.get()
-    return command([cfg], [hydra_config.runtime.choices], single=True, overrides=hydra_config.overrides.task)[0][
-        "score"
-    ]
+    metrics = command([cfg], [hydra_config.runtime.choices], single=True, overrides=hydra_config.overrides.task)[0]
+    # None for a shard whose point waits for the other shards: it has no score yet (its closing lines say so).
+    return None if metrics is None else metrics["score"]
 
 
 def cli() -> None:
