@@ -235,6 +235,11 @@ def test_a_single_run_of_each_shard_ends_in_its_lines_and_leaves_no_lock(tmp_pat
         f"1 points wait for other shards (the last shard to finish scores each):\n  {out}: incomplete" in first.stdout
     )
     assert sorted(path.name for path in (out / rundir.SHARDS).iterdir()) == ["1-of-2.json", "1-of-2.jsonl"]
+    # Run again, it has nothing left to answer, and points to what redoes it (a shard refuses overwrite=true).
+    again = shard(1)
+    assert again.returncode == 0, again.stderr
+    assert "already complete (1 samples); pass overwrite=true without shard= to redo the point" in again.stdout
+    assert f"shard 1/2 of {out} is done; the point is incomplete" in again.stdout
 
     last = shard(0)
     assert last.returncode == 0, last.stderr
