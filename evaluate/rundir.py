@@ -41,6 +41,7 @@ MERGE_LOCK = ".merge-lock"
 
 logger = logging.getLogger(__name__)
 _Made = TypeVar("_Made")
+_warned: set[str] = set()  # the duplicate samples' warnings this process gave (read_predictions)
 
 
 def _fresh(parent: Path, prefix: str, make: Callable[[Path], _Made]) -> _Made:
@@ -204,8 +205,10 @@ def read_predictions(path: Path, repair: bool = False) -> list[dict]:
         else:
             first[key] = (number, row)
             rows.append(row)
-    if repeats:
-        logger.warning(_repeated_samples(path, first, repeats))
+    if repeats and (warning := _repeated_samples(path, first, repeats)) not in _warned:
+        # Once per process: the plan, the recorder and the summary of one run each read the same file.
+        _warned.add(warning)
+        logger.warning(warning)
     if complete_end < len(data) and repair:
         with path.open("r+b") as handle:
             handle.truncate(complete_end)

@@ -94,10 +94,16 @@ def test_the_report_of_a_run_with_a_duplicated_line_is_the_report_without_it(tmp
     assert named and all(f"{sample} (lines 1, 27)" in message for message in named)
 
 
-def test_a_resume_keeps_the_first_row_of_a_duplicated_sample(tmp_path):
+def test_a_resume_keeps_the_first_row_of_a_duplicated_sample_and_says_so_once(tmp_path, caplog):
     path = tmp_path / rundir.PREDICTIONS
     rundir.append_predictions(path, [{"id": "a", "prediction": "first"}, {"id": "b"}, {"id": "a", "prediction": "2"}])
-    assert rundir.read_all_predictions(tmp_path) == [{"id": "a", "prediction": "first"}, {"id": "b"}]
+    with caplog.at_level(logging.WARNING, logger="evaluate.rundir"):
+        assert rundir.read_all_predictions(tmp_path) == [{"id": "a", "prediction": "first"}, {"id": "b"}]
+        rundir.read_predictions(path)  # a run's plan, recorder and summary each read the file: one warning
+    assert [record.getMessage() for record in caplog.records] == [
+        f"{path}: 1 sample has several rows, each counted once, as its first row: a (lines 1, 3); the copies of 1 of "
+        "them differ (of a, in prediction): delete the line that is wrong to count the other"
+    ]
     # A bare file scored with --benchmark needs no ids: each of its rows counts.
     rundir.append_predictions(path, [{"task": "t"}, {"task": "t"}])
     assert len(rundir.read_predictions(path)) == 4
