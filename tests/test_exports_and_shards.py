@@ -206,6 +206,17 @@ def test_a_changed_export_of_the_same_name_is_refused_unless_replace(two_sets, t
     assert {row["method"]: row["score"] for row in leaderboard_rows(out)} == {"no_press": "100.00", "snapkv": "100.00"}
 
 
+def test_a_folder_in_out_that_is_no_submission_is_named_and_left_out_of_the_csv(two_sets, tmp_path, capsys):
+    a, _ = two_sets
+    out = tmp_path / "submission"
+    (out / "notes").mkdir(parents=True)
+    assert export(a, out) is None
+    assert capsys.readouterr().err == (
+        f"refused {out / 'notes'}: not a submission, left out of leaderboard.csv (no config.yaml nor metrics.json)\n"
+    )
+    assert [row["method"] for row in leaderboard_rows(out)] == ["no_press", "snapkv"]
+
+
 @pytest.mark.parametrize("where", ["a file", "under a file"])
 def test_an_out_that_is_no_folder_is_refused_in_one_line(two_sets, tmp_path, capsys, where):
     a, _ = two_sets
@@ -216,7 +227,8 @@ def test_an_out_that_is_no_folder_is_refused_in_one_line(two_sets, tmp_path, cap
     assert export(a, out) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert captured.err == f"error: --out {out}: {file} is not a folder; pass a folder for the submissions\n"
+    where = "" if out == file else f" lies under {file}, which"
+    assert captured.err == f"error: --out {out}{where} is not a folder; pass a folder for the submissions\n"
     assert sorted(tmp_path.iterdir()) == before and file.read_text() == "mine\n"
 
 

@@ -218,6 +218,9 @@ def write_submission(submission: Submission, out: Path, replace: bool = False) -
 def _leaderboard_row(folder: Path) -> list:
     """A submission folder's leaderboard.csv row, read back from its own config.yaml and metrics.json; ValueError
     (or KeyError, TypeError, OSError) for a folder that is no readable submission."""
+    missing = [name for name in SUBMISSION_FILES[:2] if not (folder / name).is_file()]
+    if missing:
+        raise ValueError(f"no {' nor '.join(missing)}")
     config = yaml.safe_load((folder / "config.yaml").read_text(encoding="utf-8"))
     metrics = json.loads((folder / "metrics.json").read_text(encoding="utf-8"))
     score = leaderboard_score(metrics)
@@ -235,7 +238,8 @@ def write_leaderboard_csv(out: Path) -> tuple[int, list[tuple[Path, str]]]:
         try:
             rows.append(_leaderboard_row(folder))
         except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError, yaml.YAMLError) as error:
-            left_out.append((folder, f"not a submission, left out of {LEADERBOARD_CSV} ({error!r})"))
+            reason = f"{type(error).__name__}: {error}" if not isinstance(error, ValueError) else str(error)
+            left_out.append((folder, f"not a submission, left out of {LEADERBOARD_CSV} ({reason})"))
     rows.sort(key=lambda row: (row[2], row[3], row[4], row[6]))  # model, method, ratio, query_aware
     table = pd.DataFrame(rows, columns=LEADERBOARD_COLUMNS)
     rundir.write_atomic(out / LEADERBOARD_CSV, table.to_csv(index=False, lineterminator="\n"))
@@ -246,7 +250,8 @@ def check_out(out: Path) -> None:
     """Refuse an --out that is, or lies under, something other than a folder, before anything is written."""
     existing = out if out.exists() else (rundir.first_missing(out) or out).parent
     if not existing.is_dir():
-        raise ConfigError(f"--out {out}: {existing} is not a folder; pass a folder for the submissions")
+        where = "" if existing == out else f" lies under {existing}, which"
+        raise ConfigError(f"--out {out}{where} is not a folder; pass a folder for the submissions")
 
 
 def export(
