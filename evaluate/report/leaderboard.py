@@ -248,7 +248,8 @@ def write_leaderboard_csv(out: Path) -> tuple[int, list[tuple[Path, str]]]:
 
 def check_out(out: Path) -> None:
     """Refuse an --out that is, or lies under, something other than a folder, before anything is written."""
-    existing = out if out.exists() else (rundir.first_missing(out) or out).parent
+    top = rundir.first_missing(out)
+    existing = out if top is None else top.parent
     if not existing.is_dir():
         where = "" if existing == out else f" lies under {existing}, which"
         raise ConfigError(f"--out {out}{where} is not a folder; pass a folder for the submissions")
@@ -293,7 +294,7 @@ def export(
         names[submission.name] = run.path
         written.append((submission, outcome))
     listed = 0
-    if out.is_dir():
+    if out.is_dir() and any(out.iterdir()):  # a folder this export created and left empty stays so
         listed, left_out = write_leaderboard_csv(out)
         refused += left_out
     return written, refused, listed
