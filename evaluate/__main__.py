@@ -17,7 +17,9 @@ def main(cfg: DictConfig) -> float | None:
     # Where your own configs are found is Hydra's setting, yet the commands the run suggests need it too.
     searchpath = [override for override in hydra_config.overrides.hydra if override.startswith("hydra.searchpath=")]
     overrides = [*searchpath, *hydra_config.overrides.task]
-    return command([cfg], [hydra_config.runtime.choices], single=True, overrides=overrides)[0]["score"]
+    metrics = command([cfg], [hydra_config.runtime.choices], single=True, overrides=overrides)[0]
+    # None for a shard whose point waits for the other shards: it has no score yet (its closing lines say so).
+    return None if metrics is None else metrics["score"]
 
 
 def cli() -> None:

@@ -6,7 +6,8 @@
 - ``config.yaml``, ``metrics.json`` and ``run.json`` are replaced whole (write beside, then rename).
 - A shard of a point (evaluate/spec/shard.py) appends to ``shards/<shard>.jsonl`` and records its session in
   ``shards/<shard>.json``; the shard that answers a point's last sample merges them into ``predictions.jsonl``, in
-  the order one process would have written, and removes them.
+  the order one process would have written, and removes them. A shard's lock, ``shards/<shard>.lock``, is removed by
+  its holder as it lets go, and by the merge where no live process holds it (a killed shard's).
 """
 
 import fcntl
@@ -40,6 +41,7 @@ MERGE_LOCK = ".merge-lock"
 
 logger = logging.getLogger(__name__)
 _Made = TypeVar("_Made")
+_warned: set[str] = set()  # the duplicate samples' warnings this process gave (read_predictions)
 
 
 def cr_text(cr: float) -> str:
@@ -183,9 +185,12 @@ def _numbered_lines(data: bytes) -> tuple[list[tuple[int, bytes]], int]:
 
 
 def read_predictions(path: Path, repair: bool = False) -> list[dict]:
-    """Rows of a predictions file. A torn last line (a crash mid-write) is dropped, and cut from the file when
-    ``repair`` is set so that appending can resume after the last complete row. Any other unreadable line is
-    refused with :class:`DamagedPredictions`, naming the file and line, and the file is left untouched."""
+    """Rows of a predictions file, each sample once. A torn last line (a crash mid-write) is dropped, and cut from
+    the file when ``repair`` is set so that appending can resume after the last complete row. Any other unreadable
+    line is refused with :class:`DamagedPredictions`, naming the file and line, and the file is left untouched.
+
+    A sample with several rows (a line copied by hand, two files joined) counts once, as its first row, the one a
+    resume keeps: one warning line names each such sample, its lines, and whether the copies differ."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -193,16 +198,57 @@ def read_predictions(path: Path, repair: bool = False) -> list[dict]:
     except OSError as error:
         raise Unreadable(path, f"unreadable ({error.strerror})") from None
     lines, complete_end = _numbered_lines(data)
-    rows = []
+    rows, first, repeats = [], {}, {}
     for number, raw in lines:
         try:
-            rows.append(_parse_row(raw))
+            row = _parse_row(raw)
         except ValueError as error:
             raise DamagedPredictions(path, number, getattr(error, "msg", None) or str(error)) from None
+        key = row.get("id")
+        if not isinstance(key, str | int):  # a bare scoring file's rows need no id: each one counts
+            rows.append(row)
+        elif key in first:
+            repeats.setdefault(key, []).append((number, row))
+        else:
+            first[key] = (number, row)
+            rows.append(row)
+    if repeats and (warning := _repeated_samples(path, first, repeats)) not in _warned:
+        # Once per process: the plan, the recorder and the summary of one run each read the same file.
+        _warned.add(warning)
+        logger.warning(warning)
     if complete_end < len(data) and repair:
         with path.open("r+b") as handle:
             handle.truncate(complete_end)
     return rows
+
+
+def _differing_fields(row: dict, other: dict) -> set[str]:
+    return {field for field in {*row, *other} if row.get(field) != other.get(field)}
+
+
+def _repeated_samples(path: Path, first: dict, repeats: dict[str | int, list[tuple[int, dict]]]) -> str:
+    """The one line that names a predictions file's samples with several rows (their lines), says that the first row
+    of each counts, and names the copies that differ from it: a reader cannot tell which answer is right, the user
+    can."""
+    named = [f"{key} (lines {', '.join(map(str, [first[key][0], *(n for n, _ in repeats[key])]))})" for key in repeats]
+    shown = "; ".join(named[:5]) + (f" and {len(named) - 5} more" if len(named) > 5 else "")
+    differing = {
+        key: fields
+        for key, copies in repeats.items()
+        if (fields := set().union(*(_differing_fields(row, first[key][1]) for _, row in copies)))
+    }
+    if differing:
+        key, fields = next(iter(differing.items()))
+        tail = (
+            f"; the copies of {len(differing)} of them differ (of {key}, in {', '.join(sorted(fields))}): delete the "
+            "line that is wrong to count the other"
+        )
+    else:
+        tail = "; the copies are identical"
+    return (
+        f"{path}: {len(repeats)} {'sample has' if len(repeats) == 1 else 'samples have'} several rows, each counted "
+        f"once, as its first row: {shown}{tail}"
+    )
 
 
 def move_damaged_lines(path: Path) -> tuple[int, int, Path]:
@@ -268,9 +314,37 @@ def read_all_predictions(run_directory: Path) -> list[dict]:
 
 
 def remove_shard_files(run_directory: Path) -> None:
-    """Drop the shards' predictions and session records once ``predictions.jsonl`` and run.json hold them."""
+    """Drop the shards' predictions and session records once ``predictions.jsonl`` and run.json hold them, the locks
+    no live process holds (a killed shard's; a live one removes its own as it lets go), and the shards folder when
+    that empties."""
     for path in [*shard_paths(run_directory, ".jsonl"), *shard_paths(run_directory, ".json")]:
         path.unlink(missing_ok=True)
+    for path in shard_paths(run_directory, ".lock"):
+        _remove_if_free(path)
+    _remove_if_empty(run_directory / SHARDS)
+
+
+def _remove_if_free(lock: Path) -> None:
+    """Remove a shard's lock file that no process holds, holding it while it goes: a process that opened it
+    meanwhile finds, once it takes the lock, that the file is gone, and takes a fresh one (:func:`_take_shard_lock`)."""
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        lock.unlink(missing_ok=True)
+    except BlockingIOError:
+        pass  # a live shard holds it, and removes it as it lets go
+    finally:
+        os.close(fd)
+
+
+def _remove_if_empty(folder: Path) -> None:
+    try:
+        folder.rmdir()
+    except OSError:  # missing, or not empty: another shard's files are in it
+        pass
 
 
 class RunLocked(ConfigError):
@@ -320,7 +394,10 @@ def live_shards(run_directory: Path) -> dict[str, str]:
     """The shards whose process holds their lock now, by name (``1-of-4``), with who holds it."""
     live = {}
     for path in shard_paths(run_directory, ".lock"):
-        fd = os.open(path, os.O_RDONLY)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:  # its shard let go and removed it since the folder was listed
+            continue
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -340,6 +417,44 @@ def _claim(fd: int) -> None:
     os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} (since {started})".encode(), 0)
 
 
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except FileNotFoundError:
+        return False
+
+
+def _take_shard_lock(path: Path, shard: str, wait: bool) -> int:
+    """Open and take a shard's own lock file; RunLocked when a live process holds it (and ``wait`` is off).
+
+    Lock files are removed by whoever holds them (:func:`_let_go`, :func:`_remove_if_free`), so a lock taken on a
+    file that is no longer at ``path`` guards nothing: it is dropped and the file now there (or a new one) is taken.
+    """
+    while True:
+        path.parent.mkdir(exist_ok=True)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:  # another shard removed the emptied shards folder in between
+            continue
+        if not _flock(fd, fcntl.LOCK_EX, wait):
+            holder = _holder(fd)
+            os.close(fd)
+            raise RunLocked(path.parent.parent, f"shard {shard} ({holder})")
+        if _same_file(fd, path):
+            return fd
+        os.close(fd)
+
+
+def _let_go(fd: int, path: Path) -> None:
+    """Remove a shard's lock file while still holding it (no other process can hold it then), then release it: a
+    finished or stopped shard leaves no lock behind, nor an emptied shards folder."""
+    try:
+        path.unlink(missing_ok=True)
+        _remove_if_empty(path.parent)
+    finally:
+        os.close(fd)
+
+
 @contextmanager
 def locked(run_directory: Path, wait: bool = False, shard: str | None = None) -> Iterator[None]:
     """Hold the run directory for this process; ``wait`` blocks until its holder lets go instead of refusing.
@@ -349,8 +464,8 @@ def locked(run_directory: Path, wait: bool = False, shard: str | None = None) ->
     so that a refused second process can say who has the run.
 
     A ``shard`` (its name, ``1-of-4``) shares ``.lock`` with the point's other shards and holds its own
-    ``shards/<shard>.lock`` alone: shards run side by side, a shard never twice, and a whole run never beside a
-    shard. Shards of another count, whose contexts overlap this one's, are refused too.
+    ``shards/<shard>.lock`` alone, and removes it as it lets go: shards run side by side, a shard never twice, and a
+    whole run never beside a shard. Shards of another count, whose contexts overlap this one's, are refused too.
     """
     run_directory.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
@@ -366,16 +481,13 @@ def locked(run_directory: Path, wait: bool = False, shard: str | None = None) ->
             _claim(fd)
             yield
             return
-        path = shard_path(run_directory, shard, ".lock")
-        path.parent.mkdir(exist_ok=True)
-        own = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        stack.callback(os.close, own)
         count = shard.split("-of-")[1]
         others = {name: holder for name, holder in live_shards(run_directory).items() if name.split("-of-")[1] != count}
         if others:
             raise RunLocked(run_directory, f"{_named(others)}, of another shard count")
-        if not _flock(own, fcntl.LOCK_EX, wait):
-            raise RunLocked(run_directory, f"shard {shard} ({_holder(own)})")
+        path = shard_path(run_directory, shard, ".lock")
+        own = _take_shard_lock(path, shard, wait)
+        stack.callback(_let_go, own, path)
         _claim(own)
         yield
 
@@ -395,8 +507,7 @@ def remove_locks(run_directory: Path) -> None:
     """Remove a refused run's locks, and its shards folder when that empties."""
     for path in _lock_files(run_directory):
         path.unlink(missing_ok=True)
-    if (run_directory / SHARDS).is_dir() and not any((run_directory / SHARDS).iterdir()):
-        (run_directory / SHARDS).rmdir()
+    _remove_if_empty(run_directory / SHARDS)
 
 
 @contextmanager

@@ -7,12 +7,17 @@ a directory that the kvpress leaderboard reads, named as kvpress's evaluation na
         config.yaml      kvpress's evaluation fields (press_init_command is the press repr)
         metrics.json     {task: {"string_match": score}} for the 13 tasks
         predictions.csv  the dataset columns except context, plus predicted_answer and compression_ratio
-    DIR/leaderboard.csv  one row per exported run; score = unweighted 13-task mean, rounded to 2
+    DIR/leaderboard.csv  one row per submission folder in DIR; score = unweighted 13-task mean, rounded to 2
 
 Partial runs (a sample limit or fraction, fewer than 13 tasks, data other than the hub dataset, failed
 samples) are refused with their reasons unless ``--allow-partial``. Each directory is assembled in a staging
 folder beside DIR and renamed into place only once complete, so a refused or failed export leaves nothing
 that looks like a submission.
+
+Exports into one DIR add up: leaderboard.csv is rebuilt from every submission folder DIR holds, so it lists what an
+earlier export wrote from other runs too. A submission already in DIR is left as it is when the export would write
+the same files, and refused when it would write others (another run of that configuration, or the run since
+resumed or rescored) unless ``--replace``.
 """
 
 import argparse
@@ -29,6 +34,7 @@ from hydra.utils import instantiate
 from evaluate import rundir
 from evaluate.benchmarks import failure_coverage, fraction_coverage
 from evaluate.benchmarks.ruler import Ruler
+from evaluate.errors import ConfigError, refuse
 from evaluate.report.runs import DEFAULT_RUNS, ReportError, RunResult, collect_runs
 
 # The leaderboard's dataset is RULER's hub data as the Ruler benchmark defines it (shared/reference/ruler/README.md).
@@ -39,8 +45,16 @@ LEADERBOARD_COLUMNS = "dataset data_dir model method compression_ratio score que
 PREDICTION_COLUMNS = "question answer_prefix answer task max_new_tokens predicted_answer compression_ratio".split()
 
 
+LEADERBOARD_CSV = "leaderboard.csv"
+SUBMISSION_FILES = ("config.yaml", "metrics.json", "predictions.csv")
+
+
 class Refused(Exception):
     """A run that cannot be exported; the message gives every reason."""
+
+
+class Taken(Exception):
+    """A submission folder already in --out that holds another export of the same name."""
 
 
 @dataclass
@@ -161,8 +175,19 @@ def predictions_csv(run: RunResult) -> str:
     return table[PREDICTION_COLUMNS].to_csv(index=False, lineterminator="\n")
 
 
-def write_submission(submission: Submission, out: Path) -> Path:
-    """Assemble the directory beside ``out`` and rename it into place; an old export of the run is replaced."""
+def _differing_files(staging: Path, target: Path) -> list[str]:
+    """The submission files whose content in ``target`` differs from the freshly staged ones (or is missing)."""
+    return [
+        name
+        for name in SUBMISSION_FILES
+        if not (target / name).is_file() or (target / name).read_bytes() != (staging / name).read_bytes()
+    ]
+
+
+def write_submission(submission: Submission, out: Path, replace: bool = False) -> str:
+    """Assemble the directory beside ``out`` and rename it into place. Returns what became of it: ``written``, or
+    ``unchanged`` when ``out`` already holds these very files, or ``replaced`` (only under ``replace``) when it held
+    others by that name; without ``replace`` those are kept and :class:`Taken` says so."""
     out.mkdir(parents=True, exist_ok=True)
     staging = rundir.staging_folder(out.parent, f".{submission.name}.")
     target = out / submission.name
@@ -170,31 +195,75 @@ def write_submission(submission: Submission, out: Path) -> Path:
         (staging / "predictions.csv").write_text(predictions_csv(submission.run), encoding="utf-8")
         (staging / "metrics.json").write_text(json.dumps(submission.metrics, indent=4) + "\n", encoding="utf-8")
         (staging / "config.yaml").write_text(yaml.safe_dump(submission.config, sort_keys=False), encoding="utf-8")
+        outcome = "written"
         if target.exists():
+            differing = _differing_files(staging, target)
+            if not differing:
+                shutil.rmtree(staging)
+                return "unchanged"
+            if not replace:
+                raise Taken(
+                    f"{target} already holds another export by that name (its {', '.join(differing)} would "
+                    "change); pass --replace to replace it, or --out another folder to keep both"
+                )
             shutil.rmtree(target)
+            outcome = "replaced"
         staging.rename(target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return target
+    return outcome
 
 
-def write_leaderboard_csv(submissions: list[Submission], out: Path) -> Path:
-    rows = [
-        [DATASET, DATA_DIR, s.config["model"], s.method, s.run.compression_ratio, f"{s.score:.2f}", s.run.query_aware]
-        + [s.config["press_init_command"]]
-        for s in sorted(submissions, key=lambda s: (s.config["model"], s.method, s.run.compression_ratio))
-    ]
-    path = out / "leaderboard.csv"
-    rundir.write_atomic(path, pd.DataFrame(rows, columns=LEADERBOARD_COLUMNS).to_csv(index=False, lineterminator="\n"))
-    return path
+def _leaderboard_row(folder: Path) -> list:
+    """A submission folder's leaderboard.csv row, read back from its own config.yaml and metrics.json; ValueError
+    (or KeyError, TypeError, OSError) for a folder that is no readable submission."""
+    missing = [name for name in SUBMISSION_FILES[:2] if not (folder / name).is_file()]
+    if missing:
+        raise ValueError(f"no {' nor '.join(missing)}")
+    config = yaml.safe_load((folder / "config.yaml").read_text(encoding="utf-8"))
+    metrics = json.loads((folder / "metrics.json").read_text(encoding="utf-8"))
+    score = leaderboard_score(metrics)
+    ratio = float(config["compression_ratio"])
+    head = [config["dataset"], config["data_dir"], str(config["model"]), str(config["press_name"]), ratio]
+    return [*head, f"{score:.2f}", bool(config["query_aware"]), config["press_init_command"]]
 
 
-def export(runs_dir: Path, out: Path, allow_partial: bool = False) -> tuple[list[Submission], list[tuple[Path, str]]]:
-    """Write every exportable run; return what was written and what was refused or skipped, with why."""
+def write_leaderboard_csv(out: Path) -> tuple[int, list[tuple[Path, str]]]:
+    """Rebuild leaderboard.csv from every submission folder in ``out``, whichever export wrote it, so that the file
+    and the folders always agree; returns its row count and the folders left out, with why (hidden staging folders
+    are none)."""
+    rows, left_out = [], []
+    for folder in sorted(path for path in out.iterdir() if path.is_dir() and not path.name.startswith(".")):
+        try:
+            rows.append(_leaderboard_row(folder))
+        except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError, yaml.YAMLError) as error:
+            reason = f"{type(error).__name__}: {error}" if not isinstance(error, ValueError) else str(error)
+            left_out.append((folder, f"not a submission, left out of {LEADERBOARD_CSV} ({reason})"))
+    rows.sort(key=lambda row: (row[2], row[3], row[4], row[6]))  # model, method, ratio, query_aware
+    table = pd.DataFrame(rows, columns=LEADERBOARD_COLUMNS)
+    rundir.write_atomic(out / LEADERBOARD_CSV, table.to_csv(index=False, lineterminator="\n"))
+    return len(rows), left_out
+
+
+def check_out(out: Path) -> None:
+    """Refuse an --out that is, or lies under, something other than a folder, before anything is written."""
+    top = rundir.first_missing(out)
+    existing = out if top is None else top.parent
+    if not existing.is_dir():
+        where = "" if existing == out else f" lies under {existing}, which"
+        raise ConfigError(f"--out {out}{where} is not a folder; pass a folder for the submissions")
+
+
+def export(
+    runs_dir: Path, out: Path, allow_partial: bool = False, replace: bool = False
+) -> tuple[list[tuple[Submission, str]], list[tuple[Path, str]], int]:
+    """Write every exportable run and rebuild leaderboard.csv; return each submission with what became of it
+    (:func:`write_submission`), what was refused or skipped, with why, and how many rows leaderboard.csv lists."""
+    check_out(out)
     runs, skipped = collect_runs(runs_dir)
     refused = list(skipped)
-    written: list[Submission] = []
+    written: list[tuple[Submission, str]] = []
     names: dict[str, Path] = {}
     for run in runs:
         if not is_ruler_4096(run):
@@ -215,15 +284,20 @@ def export(runs_dir: Path, out: Path, allow_partial: bool = False) -> tuple[list
             refused.append((run.path, f"{submission.name} is already exported from {names[submission.name]}"))
             continue
         try:
-            write_submission(submission, out)
+            outcome = write_submission(submission, out, replace)
         except KeyError as error:
             refused.append((run.path, f"{run.path / rundir.PREDICTIONS}: rows without the column {error}"))
             continue
+        except Taken as reason:
+            refused.append((run.path, str(reason)))
+            continue
         names[submission.name] = run.path
-        written.append(submission)
-    if written:
-        write_leaderboard_csv(written, out)
-    return written, refused
+        written.append((submission, outcome))
+    listed = 0
+    if out.is_dir() and any(out.iterdir()):  # a folder this export created and left empty stays so
+        listed, left_out = write_leaderboard_csv(out)
+        refused += left_out
+    return written, refused, listed
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -238,18 +312,29 @@ def main(argv: list[str] | None = None) -> None:
             "failed samples, or a model without a hub id (refused, with the reason, without this flag)"
         ),
     )
+    parser.add_argument(
+        "--replace",
+        action="store_true",
+        help="replace a submission already in --out whose files would change (refused, naming it, without this flag)",
+    )
     args = parser.parse_args(argv)
     try:
-        written, refused = export(args.runs_dir, args.out, args.allow_partial)
+        written, refused, listed = export(args.runs_dir, args.out, args.allow_partial, args.replace)
+    except ConfigError as error:
+        refuse(error)
     except ReportError as error:
         raise SystemExit(f"error: {error}") from None
     for path, reason in refused:
         print(f"refused {path}: {reason}", file=sys.stderr)
-    for submission in written:
-        print(f"{args.out / submission.name}  score {submission.score:.2f}")
+    for submission, outcome in written:
+        print(
+            f"{args.out / submission.name}  score {submission.score:.2f}"
+            + ("" if outcome == "written" else f" ({outcome})")
+        )
     if not written:
         raise SystemExit(f"error: nothing exported from {args.runs_dir}")
-    print(f"{len(written)} submissions and {args.out / 'leaderboard.csv'}")
+    earlier = f" (of {listed}: {args.out} holds earlier exports too)" if listed > len(written) else ""
+    print(f"{len(written)} submissions and {args.out / LEADERBOARD_CSV}{earlier}")
 
 
 if __name__ == "__main__":

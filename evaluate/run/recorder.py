@@ -226,7 +226,11 @@ class Recorder:
                 self.stats = RunStats.resume(recorded)
                 self._write_run(self._finished_status())
             which = "" if self.shard.whole else f"shard {self.shard} of "
-            print(f"{which}{plan.out} is already complete ({len(plan.share)} samples); pass overwrite=true to redo it")
+            # overwrite is refused to a shard (evaluate/spec/point.py): the point is redone in one process.
+            redo = (
+                "overwrite=true to redo it" if self.shard.whole else "overwrite=true without shard= to redo the point"
+            )
+            print(f"{which}{plan.out} is already complete ({len(plan.share)} samples); pass {redo}")
             return
         if plan.cfg.overwrite:
             for name in (rundir.PREDICTIONS, rundir.METRICS, rundir.RUN, rundir.CONFIG):

@@ -77,7 +77,8 @@ def run_summary(cfg: DictConfig, metrics: dict, overrides: Sequence[str] = ()) -
             "(rerun with retry_errors=true to answer them again)"
         )
     overrides = _last_of_each_key(overrides)
-    others = [override for override in overrides if not override.startswith(PRESS_OVERRIDES)]
+    # A shard's share is no run of its own: the commands it suggests are for the whole point.
+    others = [override for override in overrides if not override.startswith((*PRESS_OVERRIDES, "shard="))]
     if method != "no_press":
         found = uncompressed_score(cfg, {row["id"] for row in rows})
         if found is not None:
