@@ -142,8 +142,15 @@ def _against_cr(
                 continue
             if len(line) > 1:
                 ax.fill_between(xs, lows, highs, color=styles[label][0], alpha=0.15, linewidth=0)
-            else:  # a band needs two points; one point gets a whisker
-                ax.errorbar(xs, ys, yerr=[[ys[0] - lows[0]], [highs[0] - ys[0]]], color=styles[label][0], capsize=4)
+            else:  # a band needs two points; one point gets a whisker, drawn from its bounds alone
+                ax.errorbar(
+                    xs,
+                    [(lows[0] + highs[0]) / 2],
+                    yerr=(highs[0] - lows[0]) / 2,
+                    fmt="none",
+                    capsize=4,
+                    color=styles[label][0],
+                )
         for reference in members[members.reference & members[value].notna()].to_dict("records"):
             label = f"no compression{reference['line'].removeprefix(NO_PRESS)} ({reference[value]:.{digits}f})"
             ax.axhline(reference[value], color=_REFERENCE_COLOR, linestyle="--", linewidth=1.5, label=label)

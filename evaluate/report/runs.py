@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 
 from evaluate import rundir
 from evaluate.benchmarks import Benchmark
+from evaluate.score.baseline import NO_PRESS, is_baseline
 from evaluate.score.bootstrap import Interval, NoInterval, headline_interval, mean_interval
 from evaluate.score.likelihood import FIELDS, row_fields
 from evaluate.spec.keys import NON_RESULT_KEYS
@@ -22,7 +23,6 @@ from evaluate.spec.keys import NON_RESULT_KEYS
 logger = logging.getLogger(__name__)
 
 DEFAULT_RUNS = Path("results/runs")
-NO_PRESS = "no_press"
 # Config keys that never distinguish two results (the fingerprint leaves them out too), the ratio itself (as does
 # any compression_ratio), and the report settings an experiment preset carries.
 _NOT_A_VARIANT = {*NON_RESULT_KEYS, "cr", "wandb", "report"}
@@ -259,6 +259,22 @@ def _assign_variants(runs: list[RunResult]) -> tuple[list[RunResult], list[tuple
         else:
             kept[key] = run
     return list(kept.values()), duplicates
+
+
+def find_baselines(runs: Sequence[RunResult]) -> list[int | None]:
+    """Each run's uncompressed baseline among ``runs`` (evaluate/score/baseline.py), by position; None for the
+    ``no_press`` runs themselves and for runs that have none."""
+    references = [(position, run) for position, run in enumerate(runs) if run.method == NO_PRESS]
+    found = []
+    for run in runs:
+        ids = {row["id"] for row in run.rows} if run.method != NO_PRESS else None
+        matches = (
+            position
+            for position, ref in references
+            if ids is not None and is_baseline(ref.record, lambda ref=ref: ref.rows, run.config, ids)
+        )
+        found.append(next(matches, None))
+    return found
 
 
 def compute_intervals(runs: Sequence[RunResult], resamples: int, seed: int = 0) -> None:
