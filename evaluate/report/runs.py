@@ -108,6 +108,8 @@ _SHAPES = {
         **dict.fromkeys(("wall_seconds", "peak_memory_mb", *COST_COLUMNS), _NUMBER),
     },
 }
+# What Hydra writes in ${output_dir}/multirun/<time>/ for each sweep, beside the run directories.
+SWEEP_RECORD = "multirun.yaml"
 _TASK_SHAPE = {"n": int, "score": _NUMBER}
 _KIND_NAMES = {dict: "a mapping", str: "a string", int: "an integer", _NUMBER: "a number"}
 
@@ -115,7 +117,8 @@ _KIND_NAMES = {dict: "a mapping", str: "a string", int: "an integer", _NUMBER: "
 def find_run_directories(runs_dir: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
     """The run directories under ``runs_dir`` (itself included), and what else the tree holds that leads to no run,
     with why: a stray file, an empty folder, a folder that cannot be listed. Hidden files (.gitkeep) are no stray
-    files, and a run directory's other files (.lock, a repair's .damaged lines) are its own."""
+    files, a run directory's other files (.lock, a repair's .damaged lines) are its own, and a sweep's folder of
+    Hydra's (its multirun.yaml) is neither run nor stray."""
     found, other = [], []
 
     def unlistable(error: OSError) -> None:
@@ -125,6 +128,9 @@ def find_run_directories(runs_dir: Path) -> tuple[list[Path], list[tuple[Path, s
         if set(RUN_FILES) & {*folders, *files}:
             found.append(Path(folder))
             folders.clear()  # a run file that is a folder is the run's damage, not a tree to search
+            continue
+        if SWEEP_RECORD in files:  # Hydra's record of a sweep (conf/config.yaml's hydra.sweep.dir), no stray file
+            folders.clear()
             continue
         folders.sort()
         other += [(Path(folder, name), "stray file, in no run directory") for name in files if name[0] != "."]
