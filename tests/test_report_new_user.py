@@ -1,12 +1,15 @@
 """What a new user still hit (issue 34), report side: folders of only uncompressed runs, a baseline from another
 setup, a sweep's own Hydra folder, negative flags, Ctrl-C, and intervals rounded past their mean."""
 
+import json
+
 import pytest
 import yaml
 
 from evaluate.report import cli, plots
 from evaluate.report.build import build_report
 from evaluate.report.cli import main
+from evaluate.report.frame import runs_frame
 from evaluate.report.runs import collect_runs
 from evaluate.score.baseline import baseline_key, is_baseline
 from evaluate.score.bootstrap import mean_interval
@@ -148,3 +151,83 @@ def test_ctrl_c_ends_the_report_in_one_line_with_130(tmp_path, capsys, monkeypat
     assert stop.value.code == 130
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith(f"interrupted: {said}") and line.endswith("rerun the same command to write the report")
+
+
+def drawn(monkeypatch) -> list:
+    """The figures the plot functions draw, kept open instead of saved."""
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path, dpi: figures.append(fig) or path)
+    return figures
+
+
+def kv_held(run, cr: float) -> None:
+    """Record in run.json the KV bytes a context's cache held, as a run of ratio ``cr`` over 16 MiB would."""
+    record = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps({**record, "kv_bytes_held_per_context": (1 - cr) * 2**24}))
+
+
+@pytest.fixture
+def equal_runs(tmp_path):
+    """Three methods with equal scores at every ratio, 0.998 and 0.999 among them, all scoring 0 there."""
+    root = tmp_path / "runs"
+    kv_held(write_run(root, uniform([True, True]), method="no_press"), 0.0)
+    for method in ("knorm", "snapkv", "tova"):
+        for cr, outcomes in ((0.5, [True, False]), (0.998, [False, False]), (0.999, [False, False])):
+            kv_held(write_run(root, uniform(outcomes), method=method, cr=cr), cr)
+    return runs_frame(collect_runs(root)[0])
+
+
+def test_lines_of_equal_scores_stay_visible_each_under_the_next(equal_runs, tmp_path, monkeypatch):
+    figures = drawn(monkeypatch)
+    plots.plot_benchmark("ruler", equal_runs, tmp_path / "ruler.png")
+    lines = [line for line in figures[0].axes[0].get_lines() if line.get_label() in ("knorm", "snapkv", "tova")]
+    assert [line.get_label() for line in lines] == ["knorm", "snapkv", "tova"]  # drawn in this order
+    widths, sizes = [line.get_linewidth() for line in lines], [line.get_markersize() for line in lines]
+    assert widths == sorted(widths, reverse=True) and len(set(widths)) == 3  # each one wider than the next
+    assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) == 3
+    assert len({line.get_marker() for line in lines}) == 3
+
+
+def test_ratio_labels_that_would_touch_go_to_a_second_line():
+    assert plots.ratio_labels([0.5, 0.998, 0.999]) == ["0.50", "0.998", "\n0.999"]
+    assert plots.ratio_labels([0.5, 0.7, 0.9]) == ["0.50", "0.70", "0.90"]
+
+
+def test_the_cost_plot_looks_like_the_others_labels_each_ratio_once_and_reads_zero_near_zero(
+    equal_runs, tmp_path, monkeypatch
+):
+    figures = drawn(monkeypatch)
+    plots.plot_cost("ruler", equal_runs, tmp_path / "ruler_cost.png")
+    (figure,) = figures
+    ax = figure.axes[0]
+    bottom, top = ax.get_ylim()
+    assert bottom < 0 < 50 <= top <= 105  # a score axis, as the others: never -0.04..0.04
+    labels = sorted(text.get_text() for text in ax.texts)
+    assert labels == ["0.50", "0.998", "0.999"]  # once each, though three lines share every point
+    offsets = {text.get_text(): text.xyann[1] for text in ax.texts}
+    assert offsets["0.998"] * offsets["0.999"] < 0  # neighbours on opposite sides of their points
+    assert any("labels: compression ratio" in text.get_text() for text in figure.texts)  # the footnote
+    assert ax.title.get_fontsize() == 13 and ax.xaxis.label.get_fontsize() == 12
+    assert "no compression (50.00)" not in [t.get_text() for t in figure.legends[0].get_texts()]
+    assert "no compression (100.00)" in [t.get_text() for t in figure.legends[0].get_texts()]
+
+
+def test_an_all_zero_cost_plot_has_a_score_axis(tmp_path, monkeypatch):
+    root = tmp_path / "runs"
+    kv_held(write_run(root, uniform([False]), method="snapkv", cr=0.5), 0.5)
+    figures = drawn(monkeypatch)
+    plots.plot_cost("ruler", runs_frame(collect_runs(root)[0]), tmp_path / "ruler_cost.png")
+    assert figures[0].axes[0].get_ylim() == pytest.approx((-0.4, 10.0))
+
+
+def test_a_single_point_gets_the_whisker_of_its_bounds_wherever_its_value_lies(tmp_path, monkeypatch):
+    # A one-run line draws its interval as a whisker; a value outside its bounds (a figure rounded otherwise than
+    # its interval) used to make matplotlib refuse the negative error bar and end the report.
+    root = tmp_path / "runs"
+    write_run(root, uniform([True, False]), method="snapkv", cr=0.5, likelihood=True)
+    frame = runs_frame(collect_runs(root)[0]).assign(answer_kl=0.0004, answer_kl_low=0.0005, answer_kl_high=0.0007)
+    figures = drawn(monkeypatch)
+    plots.plot_kl("ruler", frame, tmp_path / "ruler_kl.png")
+    (bar,) = figures[0].axes[0].containers
+    (segment,) = bar.lines[2][0].get_segments()
+    assert segment[:, 1] == pytest.approx([0.0005, 0.0007])
