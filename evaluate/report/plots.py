@@ -36,7 +36,7 @@ class Style(NamedTuple):
 
     color: tuple
     marker: str
-    scale: float  # 1 for the line drawn last, up to 1.9 for the first, drawn under every other
+    scale: float  # 1 for the line drawn last, up to 1.7 for the first, drawn under every other
 
 
 def _lines(frame: pd.DataFrame, benchmark: str, qualified: bool = False) -> tuple[pd.DataFrame, dict, list[float]]:
@@ -55,7 +55,7 @@ def _lines(frame: pd.DataFrame, benchmark: str, qualified: bool = False) -> tupl
     palette = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20")
     steps = max(1, len(labels) - 1)
     styles = {
-        label: Style(palette(i % palette.N), _MARKERS[i % len(_MARKERS)], 1 + 0.9 * (len(labels) - 1 - i) / steps)
+        label: Style(palette(i % palette.N), _MARKERS[i % len(_MARKERS)], 1 + 0.7 * (len(labels) - 1 - i) / steps)
         for i, label in enumerate(labels)
     }
     return rows, styles, sorted(rows.cr[~rows.reference].unique()) or [0.0]
