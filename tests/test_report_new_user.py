@@ -1,5 +1,6 @@
 """What a new user still hit (issue 34), report side: folders of only uncompressed runs, a baseline from another
-setup, a sweep's own Hydra folder, negative flags, Ctrl-C, and intervals rounded past their mean."""
+setup (in the report and in a run's closing lines), a sweep's own Hydra folder, negative flags, Ctrl-C, intervals
+rounded past their mean, and plots whose lines, labels and styles hid what they draw."""
 
 import json
 
@@ -11,10 +12,14 @@ from evaluate.report.build import build_report
 from evaluate.report.cli import main
 from evaluate.report.frame import runs_frame
 from evaluate.report.runs import collect_runs
+from evaluate.run.entry import run
+from evaluate.run.summary import run_summary
 from evaluate.score.baseline import baseline_key, is_baseline
 from evaluate.score.bootstrap import mean_interval
 from evaluate.score.likelihood import likelihood_metrics
+from evaluate.spec.config import run_dir
 from tests.fixtures.runs.builder import ruler_benchmark, uniform, write_run
+from tests.support import compose_config, with_shared_context
 
 
 def report_files(root, tmp_path, *arguments: str) -> set[str]:
@@ -231,3 +236,17 @@ def test_a_single_point_gets_the_whisker_of_its_bounds_wherever_its_value_lies(t
     (bar,) = figures[0].axes[0].containers
     (segment,) = bar.lines[2][0].get_segments()
     assert segment[:, 1] == pytest.approx([0.0005, 0.0007])
+
+
+def test_the_run_summary_takes_no_no_press_run_of_another_context_budget_as_its_baseline(tmp_path):
+    compressed = with_shared_context(compose_config(tmp_path, "press=topk", "cr=0.5", "limit=1"))
+    metrics = run(compressed)
+    other = with_shared_context(compose_config(tmp_path, "press=none", "limit=1", "max_context_length=200"))
+    run(other)
+    summary = run_summary(compressed, metrics)
+    assert "no uncompressed run of these samples and settings yet: python -m evaluate press=none" in summary
+    assert str(run_dir(other)) not in summary
+    same = with_shared_context(compose_config(tmp_path, "press=none", "cr=0.9", "scorer=knorm", "limit=1"))
+    uncompressed = run(same)  # recorded at another cr and scorer, as a sweep's press=none point may be: the baseline
+    expected = f"uncompressed, same samples: score {uncompressed['score']} ({run_dir(same)})"
+    assert expected in run_summary(compressed, metrics)

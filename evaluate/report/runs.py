@@ -271,15 +271,15 @@ def find_baselines(runs: Sequence[RunResult]) -> list[int | None]:
     """Each run's uncompressed baseline among ``runs`` (evaluate/score/baseline.py), by position; None for the
     ``no_press`` runs themselves and for runs that have none."""
     references = [(position, run) for position, run in enumerate(runs) if run.method == NO_PRESS]
-    found = []
+    found: list[int | None] = []
     for run in runs:
-        ids = {row["id"] for row in run.rows} if run.method != NO_PRESS else None
+        ids = {row["id"] for row in run.rows}
         matches = (
             position
-            for position, ref in references
-            if ids is not None and is_baseline(ref.record, lambda ref=ref: ref.rows, run.config, ids)
+            for position, reference in references
+            if is_baseline(reference.record, lambda reference=reference: reference.rows, run.config, ids)
         )
-        found.append(next(matches, None))
+        found.append(None if run.method == NO_PRESS else next(matches, None))
     return found
 
 

@@ -84,7 +84,7 @@ def run_summary(cfg: DictConfig, metrics: dict, overrides: Sequence[str] = ()) -
             lines.append(f"uncompressed, same samples: score {found[0]} ({found[1]})")
         else:
             uncompressed = shlex.join(["press=none", *others])
-            lines.append(f"uncompressed score of these samples: python -m evaluate {uncompressed}")
+            lines.append(f"no uncompressed run of these samples and settings yet: python -m evaluate {uncompressed}")
     lines.append(f"files: {out}/ (predictions.jsonl, metrics.json, run.json, config.yaml)")
     press = [override for override in overrides if override.startswith(("press=", "scorer=", "method="))]
     if method == "no_press":
