@@ -2,9 +2,9 @@
 
 Writes Markdown and CSV tables (built by :mod:`evaluate.results`) under ``results/tables/`` (``--out``) and plots
 under its ``plots/`` (``--plots``; both ignored by git: the committed example plots in results/plots/ stay as they are):
-``{benchmark}``, the headline in the EG-ChunkKV PR's layout (benchmark x method rows, ``cr=``
-columns, ``no compression`` from each run's ``no_press`` baseline; each cell with its bootstrap 95% interval, its sample count
-and ``*`` when partial); ``{benchmark}_tasks``, task x method per ratio; an effect table per entry of
+``{benchmark}``, the headline in the EG-ChunkKV PR's layout (benchmark x method rows, ``cr=`` columns,
+``no compression`` from each run's ``no_press`` baseline; each cell with its bootstrap 95% interval, its sample
+count and ``*`` when partial); ``{benchmark}_tasks``, task x method per ratio; an effect table per entry of
 conf/report.yaml's ``effects`` or ``--experiment NAME``'s ``report:`` (by default ``gate_effect``:
 ``eg_chunkkv_{scorer}`` − ``chunkkv_{scorer}`` with a paired interval) and per ``--diff A B``; ``compare``
 (``--compare``): measured against ``results/reference/*.csv``; ``runs.csv``, a row per run; ``report.md``, all in one.

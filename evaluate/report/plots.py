@@ -3,9 +3,8 @@ score of each method with its bootstrap 95% band and its baseline's score as a d
 (and query-awareness); ``{benchmark}_tasks.png``, the same for every task, a small panel each. Partial runs are drawn
 with hollow markers. ``{benchmark}_kl.png``: the mean answer KL from the uncompressed model against cr, for runs
 with the likelihood fields; ``{benchmark}_cost.png``: score against the KV bytes held, each point labelled with its
-ratio. For needle-in-a-haystack runs
-also ``{benchmark}_heatmap.png``: the needle score by depth and context length, a panel per method and compression
-ratio."""
+ratio. For needle-in-a-haystack runs also ``{benchmark}_heatmap.png``: the needle score by depth and context length,
+a panel per method and compression ratio."""
 
 import math
 import re
