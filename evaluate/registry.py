@@ -7,8 +7,8 @@ runner sets (``conf/press/registry.yaml``); each name is an option of the ``meth
 
 A PressBench configuration carries a registry name exactly when its press equals that entry: same classes all the
 way down and the same constructor arguments, except the knobs kvpress's runner sets itself (the compression ratio
-and its relatives, below). A configuration whose own name is a registry name but whose press differs
-(``press=topk scorer=expected_attention`` is not the registry's ``expected_attention``, which is
+and its relatives, evaluate/spec/keys.py's ``RUNNER_KNOBS``). A configuration whose own name is a registry name
+but whose press differs (``press=topk scorer=expected_attention`` is not the registry's ``expected_attention``, which is
 ``AdaKVPress(ExpectedAttentionPress(epsilon=1e-2))``) is renamed with the ``_variant`` suffix, so that no table or
 export can mistake it for the entry.
 """
@@ -59,23 +59,9 @@ from kvpress import (
 )
 
 from evaluate.errors import ConfigError
+from evaluate.spec.keys import RUNNER_KNOBS
 
 VARIANT_SUFFIX = "_variant"
-
-# Set by kvpress's runner from its command line (compression_ratio, ThinK's key_channel_compression_ratio, DMS's
-# threshold, DuoAttention's head_compression_ratio, DecodingPress's interval and target size): they are the
-# sweep axes, not part of what a name means.
-RUNNER_KNOBS = frozenset(
-    {
-        "compression_ratio",
-        "key_channel_compression_ratio",
-        "threshold",
-        "head_compression_ratio",
-        "compression_interval",
-        "target_size",
-        "hidden_states_buffer_size",
-    }
-)
 
 PRESS_REGISTRY: dict[str, Callable[[], BasePress | None]] = {
     "adakv_snapkv": lambda: AdaKVPress(SnapKVPress()),

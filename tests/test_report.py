@@ -413,7 +413,7 @@ def test_report_command_writes_tables_and_readable_plots(runs_dir, tmp_path, cap
             "--bootstrap",
             "50",
             "--diff",
-            "snapkv",
+            "chunkkv_snapkv",
             "no_press",
         ]
     )
@@ -423,8 +423,8 @@ def test_report_command_writes_tables_and_readable_plots(runs_dir, tmp_path, cap
     assert sorted(path.name for path in tables.iterdir()) == [
         "cost.csv",
         "cost.md",
-        "diff__snapkv__no_press.csv",
-        "diff__snapkv__no_press.md",
+        "diff__chunkkv_snapkv__no_press.csv",
+        "diff__chunkkv_snapkv__no_press.md",
         "gate_effect.csv",
         "gate_effect.md",
         "report.md",

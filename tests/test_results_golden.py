@@ -285,7 +285,7 @@ def test_report_of_the_pr_scenario_is_unchanged(workdir, capsys, drawn, monkeypa
     (reference / "deltas.csv").write_text(REFERENCE_DELTAS)
     fake = FakeWandb(Path("."))
     monkeypatch.setitem(sys.modules, "wandb", fake)
-    arguments = ["--diff", "snapkv", "no_press", "--diff", "eg_chunkkv_snapkv", "chunkkv_snapkv", "--compare"]
+    arguments = ["--diff", "chunkkv_snapkv", "no_press", "--diff", "eg_chunkkv_snapkv", "chunkkv_snapkv", "--compare"]
     files = report_outputs(workdir, capsys, drawn, [*arguments, "--reference", str(reference)], wandb=True)
     files["wandb.json"] = normalized(json.dumps(fake.logged, indent=1, ensure_ascii=False), workdir) + "\n"
     check("report_pr", files)

@@ -209,7 +209,7 @@ def test_a_single_run_ends_with_its_score_next_to_the_uncompressed_one(tmp_path)
     first = run_summary(compressed, metrics)
     assert f"eg_chunkkv_snapkv at cr 0.50 on shared_context (tiny-random, 2 samples): score {metrics['score']}" in first
     assert "of the KV pairs kept on average" in first
-    assert "uncompressed score of these samples: python -m evaluate press=none" in first
+    assert "no uncompressed run of these samples and settings yet: python -m evaluate press=none" in first
     assert f"files: {run_dir(compressed)}/" in first and "python -m evaluate.report" in first
 
     # The uncompressed run of more samples than these: the summary scores it on these samples alone.

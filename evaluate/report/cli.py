@@ -2,9 +2,9 @@
 
 Writes Markdown and CSV tables (built by :mod:`evaluate.results`) under ``results/tables/`` (``--out``) and plots
 under its ``plots/`` (``--plots``; both ignored by git: the committed example plots in results/plots/ stay as they are):
-``{benchmark}``, the headline in the EG-ChunkKV PR's layout (benchmark x method rows, ``cr=``
-columns, ``no compression`` from the ``no_press`` runs; each cell with its bootstrap 95% interval, its sample count
-and ``*`` when partial); ``{benchmark}_tasks``, task x method per ratio; an effect table per entry of
+``{benchmark}``, the headline in the EG-ChunkKV PR's layout (benchmark x method rows, ``cr=`` columns,
+``no compression`` from each run's ``no_press`` baseline; each cell with its bootstrap 95% interval, its sample
+count and ``*`` when partial); ``{benchmark}_tasks``, task x method per ratio; an effect table per entry of
 conf/report.yaml's ``effects`` or ``--experiment NAME``'s ``report:`` (by default ``gate_effect``:
 ``eg_chunkkv_{scorer}`` − ``chunkkv_{scorer}`` with a paired interval) and per ``--diff A B``; ``compare``
 (``--compare``): measured against ``results/reference/*.csv``; ``runs.csv``, a row per run; ``report.md``, all in one.
@@ -15,9 +15,13 @@ import logging
 import sys
 from pathlib import Path
 
+from evaluate.errors import ConfigError, exit_code, refuse
 from evaluate.report.build import build_report, write_report
 from evaluate.report.differences import load_effects
 from evaluate.report.runs import DEFAULT_RUNS, ReportError, collect_runs
+
+# What 0 means for each numeric flag, for its refusal.
+_ZERO = {"--bootstrap": "no intervals", "--seed": "the default seed"}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -38,7 +42,19 @@ def main(argv: list[str] | None = None) -> None:
     add("--wandb-project", default="pressbench", help="default: %(default)s")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
+    for flag, value in (("--bootstrap", args.bootstrap), ("--seed", args.seed)):
+        if value < 0:
+            refuse(ConfigError(f"{flag} {value}: cannot be negative; pass 0 or more ({flag} 0: {_ZERO[flag]})"))
+    unwritten = ["no table or plot was written"]
+    try:
+        report(args, unwritten)
+    except KeyboardInterrupt as interrupt:  # Ctrl-C: one line saying what is missing, not a traceback
+        print(f"interrupted: {unwritten[0]}; rerun the same command to write the report", file=sys.stderr)
+        sys.exit(exit_code(interrupt))
 
+
+def report(args: argparse.Namespace, unwritten: list[str]) -> None:
+    """The report of ``args``; ``unwritten[0]`` says what is not written yet, for an interrupted report to name."""
     try:
         effects = load_effects(args.experiment)
         runs, skipped = collect_runs(args.runs_dir)
@@ -46,23 +62,26 @@ def main(argv: list[str] | None = None) -> None:
             detail = "".join(f"\n  {path}: {reason}" for path, reason in skipped)
             raise ReportError(f"no finished run under {args.runs_dir}{detail}")
         diffs, reference = [tuple(pair) for pair in args.diff], args.reference if args.compare else None
-        report = build_report(runs, skipped, args.bootstrap, args.seed, diffs, reference, effects)
+        built = build_report(runs, skipped, args.bootstrap, args.seed, diffs, reference, effects)
     except ReportError as error:
         raise SystemExit(f"error: {error}") from None
 
-    written = write_report(report, args.out, args.runs_dir, args.bootstrap)
+    folder = args.plots or args.out / "plots"
+    unwritten[0] = f"the tables in {args.out} are not all written, and no plot"
+    tables = write_report(built, args.out, args.runs_dir, args.bootstrap)
     plots = []
     if not args.no_plots:
         from evaluate.report.plots import plot_all  # matplotlib only when drawing
 
-        plots = plot_all(report.frame, args.plots or args.out / "plots")
-    print(report.page(args.runs_dir, args.bootstrap))
+        unwritten[0] = f"the tables are written, the plots in {folder} not all"
+        plots = plot_all(built.frame, folder)
+    print(built.page(args.runs_dir, args.bootstrap))
     for path, reason in skipped:
         print(f"skipped {path}: {reason}", file=sys.stderr)
-    print(f"tables: {', '.join(map(str, written))}")
+    print(f"tables: {', '.join(map(str, tables))}")
     if plots:
         print(f"plots: {', '.join(map(str, plots))}")
     if args.wandb:
         from evaluate.run.tracking import log_report
 
-        print(f"wandb summary run: {log_report(report, plots, mode=args.wandb, project=args.wandb_project)}")
+        print(f"wandb summary run: {log_report(built, plots, mode=args.wandb, project=args.wandb_project)}")

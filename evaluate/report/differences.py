@@ -64,12 +64,18 @@ def load_effects(experiment: str | None = None) -> list[Effect]:
 
 
 def pair_runs(runs: pd.DataFrame, method_a: str, method_b: str) -> pd.DataFrame:
-    """Every (a, b) pair of runs of the two methods on the same benchmark, model, query-awareness and ratio (any
-    ratio against ``no_press``, recorded at cr 0), a run with several partners taking the one of its variant.
-    Columns: the shared keys, then each run's columns with the suffix ``_a`` or ``_b``."""
-    keys = ["benchmark", "model", "query_aware"] + ([] if method_b == NO_PRESS else ["ratio"])
+    """Every (a, b) pair of runs of the two methods on the same benchmark, model, query-awareness and ratio, a run
+    with several partners taking the one of its variant; against ``no_press``, each run of a with its baseline
+    (evaluate/score/baseline.py), at a's ratio, and none for a run without one. Columns: the shared keys, then each
+    run's columns with the suffix ``_a`` or ``_b``."""
     a = runs[(runs.method == method_a) & (method_a != NO_PRESS)]
-    pairs = a.merge(runs[runs.method == method_b], on=keys, suffixes=("_a", "_b"))
+    b = runs[runs.method == method_b]
+    if method_b == NO_PRESS:
+        pairs = a.merge(b, left_on="baseline", right_on="run", suffixes=("_a", "_b"))
+        shared = ("benchmark", "model", "query_aware", "ratio")  # a run's baseline shares all but the ratio
+        pairs = pairs.rename(columns={f"{key}_a": key for key in shared})
+        return pairs.sort_values(["benchmark", "model", "query_aware", "variant_a", "cr_a"])
+    pairs = a.merge(b, on=["benchmark", "model", "query_aware", "ratio"], suffixes=("_a", "_b"))
     candidates = pairs.groupby("run_a").run_b.transform("size")
     pairs = pairs[(candidates == 1) | (pairs.variant_a == pairs.variant_b)]
     candidates = pairs.groupby("run_a").run_b.transform("size")
@@ -77,8 +83,7 @@ def pair_runs(runs: pd.DataFrame, method_a: str, method_b: str) -> pd.DataFrame:
         logger.warning(
             "%s: several %s runs could be its partner; left out of %s - %s", path, method_b, method_a, method_b
         )
-    # Against no_press the ratio is not a key: the pair's ratio is a's.
-    pairs = pairs[candidates == 1].rename(columns={"ratio_a": "ratio"})
+    pairs = pairs[candidates == 1]
     return pairs.sort_values(["benchmark", "model", "query_aware", "variant_a", "cr_a"])
 
 
@@ -153,8 +158,11 @@ def diff_table(runs: Sequence[RunResult], method_a: str, method_b: str, resample
         )
     pairs = differences(runs, method_a, method_b, resamples, seed)
     if pairs.empty:
-        raise ReportError(
-            f"--diff {method_a} {method_b}: no pair of runs on the same benchmark, model, query-awareness and cr"
+        same = (
+            "with its uncompressed baseline (same data, samples and settings)"
+            if method_b == NO_PRESS
+            else ("on the same benchmark, model, query-awareness and cr")
         )
+        raise ReportError(f"--diff {method_a} {method_b}: no pair of runs {same}")
     pairs = pairs.assign(row=pairs.variant_a.where(pairs.variant_a != "", "all"))
     return difference_table(f"diff__{method_a}__{method_b}", f"{method_a} − {method_b}", pairs, row_header="settings")

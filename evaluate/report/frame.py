@@ -4,7 +4,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from evaluate.report.runs import COST_COLUMNS, NO_PRESS, RunResult
+from evaluate.report.runs import COST_COLUMNS, NO_PRESS, RunResult, find_baselines
 from evaluate.score.likelihood import FIELDS as LIKELIHOOD_FIELDS
 
 _RUN_ATTRIBUTES = "benchmark model model_id method variant query_aware score interval_note partial_reasons".split()
@@ -21,11 +21,13 @@ def bracketed(variant: str) -> str:
 def runs_frame(runs: Sequence[RunResult]) -> pd.DataFrame:
     """One row per run x task, in the order of ``runs`` and of task names (a run without tasks keeps a row, task
     None). Besides the run's figures: ``run``, its position in ``runs``; ``cr`` as recorded and ``ratio`` rounded
-    to match runs on; ``reference``, a no_press run; ``contexts``, the fewest any task's interval resampled; ``n``,
+    to match runs on; ``reference``, a no_press run; ``baseline``, the position of the run's uncompressed baseline
+    (evaluate/score/baseline.py), NA for none; ``contexts``, the fewest any task's interval resampled; ``n``,
     samples; ``settings``, the benchmark's config; each likelihood field's headline (``answer_kl``, ...) with its
     interval (``answer_kl_low``, ``answer_kl_high``) and ``likelihood_n``, the rows that have them; then task,
     task_score, task_n and the task's likelihood means (``task_answer_kl``, ..., ``task_likelihood_n``)."""
     records = []
+    baselines = find_baselines(runs)
     for position, run in enumerate(runs):
         kept = [row["kept_ratio"] for row in run.rows if row.get("kept_ratio") is not None]
         common = {
@@ -34,6 +36,7 @@ def runs_frame(runs: Sequence[RunResult]) -> pd.DataFrame:
             "cr": run.compression_ratio,
             "ratio": round(run.compression_ratio, 6),
             "reference": run.method == NO_PRESS,
+            "baseline": baselines[position],
             **{column: getattr(run.interval, name, None) for column, name in _INTERVAL.items()},
             "n": run.samples,
             "partial": bool(run.partial_reasons),
@@ -57,7 +60,7 @@ def runs_frame(runs: Sequence[RunResult]) -> pd.DataFrame:
             task_figures = {"task_score": values.get("score"), "task_n": values.get("n", 0), **task_likelihood}
             records.append({**common, "task": task, **task_figures, "task_likelihood_n": means.get("n")})
     # Scores are floats, NaN where a benchmark gives none (ZeroSCROLLS): tables show "-", plots draw nothing.
-    numbers = {"contexts": "Int64", "task_n": "Int64", "score": float, "task_score": float}
+    numbers = {"baseline": "Int64", "contexts": "Int64", "task_n": "Int64", "score": float, "task_score": float}
     likelihood_columns = [
         *LIKELIHOOD_FIELDS,
         *(f"{name}_{end}" for name in LIKELIHOOD_FIELDS for end in ("low", "high")),

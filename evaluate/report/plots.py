@@ -1,15 +1,16 @@
 """Score against compression ratio, in the style of the kvpress leaderboard plot: ``{benchmark}.png``, the headline
-score of each method with its bootstrap 95% band and the no-compression score as a dashed line, a panel per model
+score of each method with its bootstrap 95% band and its baseline's score as a dashed line, a panel per model
 (and query-awareness); ``{benchmark}_tasks.png``, the same for every task, a small panel each. Partial runs are drawn
 with hollow markers. ``{benchmark}_kl.png``: the mean answer KL from the uncompressed model against cr, for runs
-with the likelihood fields; ``{benchmark}_cost.png``: score against the KV bytes held. For needle-in-a-haystack runs
-also ``{benchmark}_heatmap.png``: the needle score by depth and context length, a panel per method and compression
-ratio."""
+with the likelihood fields; ``{benchmark}_cost.png``: score against the KV bytes held, each point labelled with its
+ratio. For needle-in-a-haystack runs also ``{benchmark}_heatmap.png``: the needle score by depth and context length,
+a panel per method and compression ratio."""
 
 import math
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import matplotlib
 import numpy as np
@@ -18,6 +19,7 @@ import pandas as pd
 from evaluate.benchmarks.needle_in_haystack import TASK_SCORE_LABEL, NeedleInHaystack, task_depth
 from evaluate.report.frame import QUERY_AWARE, bracketed, run_level
 from evaluate.report.runs import NO_PRESS
+from evaluate.report.tables import fmt_cr
 
 matplotlib.use("Agg")  # files only; never a display
 
@@ -27,18 +29,35 @@ _REFERENCE_COLOR = "0.25"
 _MARKERS = "osD^vP*Xph"
 
 
+class Style(NamedTuple):
+    """How one line is drawn, the same in every panel. Lines of equal values lie on top of each other: the line
+    drawn first is the widest, with the largest markers, and each later one narrower and smaller on top of it, so
+    that every line keeps a visible rim where they coincide (and its own color and marker)."""
+
+    color: tuple
+    marker: str
+    scale: float  # 1 for the line drawn last, up to 1.7 for the first, drawn under every other
+
+
 def _lines(frame: pd.DataFrame, benchmark: str, qualified: bool = False) -> tuple[pd.DataFrame, dict, list[float]]:
     """The rows of ``benchmark`` by cr, with their ``line`` (method, variant, and model and query-awareness when
-    ``qualified`` and several); one color and marker per line, the same in every panel, the marker telling apart
-    lines that lie on top of each other; the ratios of the compressed runs."""
+    ``qualified`` and several); one :class:`Style` per line; the ratios of the compressed runs. The rows keep only
+    the ``no_press`` runs to draw: those that are the baseline of a compressed row (evaluate/score/baseline.py), or
+    all of them where no compressed row is drawn."""
     rows = frame[frame.benchmark == benchmark]
     lines = rows.method + rows.variant.map(bracketed)
     if qualified and len(rows[["model", "query_aware"]].drop_duplicates()) > 1:
         lines += " · " + rows.model + rows.query_aware.map(QUERY_AWARE)
     rows = rows.assign(line=lines.map(short_labels(lines))).sort_values("cr", kind="stable")
+    if not rows.reference.all():
+        rows = rows[~rows.reference | rows.run.isin(rows.baseline.dropna())]
     labels = sorted(rows.line[~rows.reference].unique())
     palette = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20")
-    styles = {label: (palette(i % palette.N), _MARKERS[i % len(_MARKERS)]) for i, label in enumerate(labels)}
+    steps = max(1, len(labels) - 1)
+    styles = {
+        label: Style(palette(i % palette.N), _MARKERS[i % len(_MARKERS)], 1 + 0.7 * (len(labels) - 1 - i) / steps)
+        for i, label in enumerate(labels)
+    }
     return rows, styles, sorted(rows.cr[~rows.reference].unique()) or [0.0]
 
 
@@ -65,30 +84,45 @@ def short_labels(labels: Iterable[str]) -> dict[str, str]:
     return {label: _path_tail(label, depth) for label in distinct}
 
 
-def _draw_points(ax, line: pd.DataFrame, ys: list[float], style, label, size=6):
-    """``ys`` against the compression ratios of the runs of ``line``; partial runs get hollow markers."""
-    color, marker = style
-    xs = line.cr.tolist()
-    ax.plot(xs, ys, "-", color=color, linewidth=2 if size > 4 else 1.5, marker=marker, markersize=size, label=label)
+def _draw_points(ax, line: pd.DataFrame, xs: list[float], ys: list[float], style: Style, label: str, size=6):
+    """``ys`` against ``xs`` for the runs of ``line``, wider and larger as ``style`` scales it; partial runs get
+    hollow markers."""
+    width, size = (2 if size > 4 else 1.5) * style.scale, size * style.scale
+    ax.plot(xs, ys, "-", color=style.color, linewidth=width, marker=style.marker, markersize=size, label=label)
     for x, y, hollow in zip(xs, ys, line.partial, strict=True):
         if hollow:
-            ax.plot(x, y, marker, markersize=size, color=color, markerfacecolor="white")
+            ax.plot(x, y, style.marker, markersize=size, color=style.color, markerfacecolor="white")
 
 
-def _style(ax, ratios: Sequence[float], values: Sequence[float], fontsize: int = 10, score: bool = True) -> None:
-    ax.set_xticks(ratios)
-    ax.set_xticklabels([f"{r:g}" for r in ratios], fontsize=fontsize)
-    ax.tick_params(axis="y", labelsize=fontsize)
-    span = (max(ratios) - min(ratios)) or 0.2
-    ax.set_xlim(min(ratios) - 0.08 * span, max(ratios) + 0.08 * span)
-    # Scores are on a 0-100 scale: an axis never shrinks below 0-10, so all-zero panels still read as near zero.
-    # Missing values (None: no interval, as under --bootstrap 0) do not count.
-    # Other quantities (KL in nats) take their own range from zero. The axis starts a little below zero so that a
-    # line of zeros is drawn above the axis, not hidden in it.
+def ratio_labels(ratios: Sequence[float]) -> list[str]:
+    """Tick labels of ``ratios`` (the tables' cr labels), a label that would touch the one before it (0.998 beside
+    0.999) moved to a second line, so that no two labels overlap."""
+    span = (max(ratios) - min(ratios)) or 1.0
+    labels, lowered = [], False
+    for before, ratio in zip([None, *ratios], ratios, strict=False):
+        lowered = before is not None and ratio - before < 0.08 * span and not lowered
+        labels.append(("\n" if lowered else "") + fmt_cr(ratio).removeprefix("cr="))
+    return labels
+
+
+def _y_limits(ax, values: Iterable[float | None], score: bool) -> None:
+    """Scores are on a 0-100 scale: an axis never shrinks below 0-10, so all-zero panels still read as near zero.
+    Missing values (None: no interval, as under --bootstrap 0) do not count. Other quantities (KL in nats) take
+    their own range from zero. The axis starts a little below zero so that a line of zeros is drawn above the axis,
+    not hidden in it."""
     finite = [value for value in values if value is not None and math.isfinite(value)]
     top = max(finite, default=0.0)
     top = min(105.0, max(10.0, top * 1.12 + 1.0)) if score else max(top * 1.12, 1e-3)
     ax.set_ylim(-0.04 * top, top)
+
+
+def _style(ax, ratios: Sequence[float], values: Sequence[float], fontsize: int = 10, score: bool = True) -> None:
+    ax.set_xticks(ratios)
+    ax.set_xticklabels(ratio_labels(ratios), fontsize=fontsize)
+    ax.tick_params(axis="y", labelsize=fontsize)
+    span = (max(ratios) - min(ratios)) or 0.2
+    ax.set_xlim(min(ratios) - 0.08 * span, max(ratios) + 0.08 * span)
+    _y_limits(ax, values, score)
     ax.grid(True, alpha=0.3)
     ax.spines[["top", "right"]].set_visible(False)
 
@@ -137,16 +171,24 @@ def _against_cr(
     for ax, ((model, query_aware), members) in zip(axes[0], panels, strict=True):
         for label, line in compressed[compressed.run.isin(members.run)].groupby("line"):
             xs, ys, lows, highs = (line[column].tolist() for column in ("cr", value, low, high))
-            _draw_points(ax, line, ys, styles[label], label)
+            _draw_points(ax, line, xs, ys, styles[label], label)
             if line[low].isna().any():
                 continue
             if len(line) > 1:
-                ax.fill_between(xs, lows, highs, color=styles[label][0], alpha=0.15, linewidth=0)
-            else:  # a band needs two points; one point gets a whisker
-                ax.errorbar(xs, ys, yerr=[[ys[0] - lows[0]], [highs[0] - ys[0]]], color=styles[label][0], capsize=4)
+                ax.fill_between(xs, lows, highs, color=styles[label].color, alpha=0.15, linewidth=0)
+            else:  # a band needs two points; one point gets a whisker, drawn from its bounds alone
+                ax.errorbar(
+                    xs,
+                    [(lows[0] + highs[0]) / 2],
+                    yerr=(highs[0] - lows[0]) / 2,
+                    fmt="none",
+                    capsize=4,
+                    color=styles[label].color,
+                )
         for reference in members[members.reference & members[value].notna()].to_dict("records"):
             label = f"no compression{reference['line'].removeprefix(NO_PRESS)} ({reference[value]:.{digits}f})"
-            ax.axhline(reference[value], color=_REFERENCE_COLOR, linestyle="--", linewidth=1.5, label=label)
+            # Under the lines (zorder 1.5): a run that scores as the uncompressed model stays in sight.
+            ax.axhline(reference[value], color=_REFERENCE_COLOR, linestyle="--", linewidth=1.5, label=label, zorder=1.5)
             if pd.notna(reference[low]):
                 ax.axhspan(reference[low], reference[high], color=_REFERENCE_COLOR, alpha=0.08)
         _style(ax, ratios, [*members[value], *members[high]], fontsize=11, score=score)
@@ -154,9 +196,16 @@ def _against_cr(
         ax.set_ylabel(name, fontsize=12)
         ax.set_title(f"{benchmark} — {model}{QUERY_AWARE[query_aware]}", fontsize=13)
     handles, labels = axes[0][-1].get_legend_handles_labels()
-    notes = "bands and whiskers: bootstrap 95% interval" + (
+    return _finish(fig, axes[0][-1], runs, "bands and whiskers: bootstrap 95% interval; dashed: ", path)
+
+
+def _finish(fig, ax, runs: pd.DataFrame, notes: str, path: Path) -> Path:
+    """The legend beside the panels and the footnote under them (``notes``, then what the plots share), as every
+    figure of a benchmark has them; saved to ``path``."""
+    notes += "the uncompressed baseline of the runs drawn" + (
         "; hollow markers: partial runs" if runs.partial.any() else ""
     )
+    handles, labels = ax.get_legend_handles_labels()
     fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(1 - 2.4 / fig.get_figwidth(), 0.9), fontsize=10)
     fig.text(0.01, 0.01, notes, fontsize=9, color="0.35")
     fig.tight_layout(rect=(0, 0.03, 1 - 2.5 / fig.get_figwidth(), 1))
@@ -175,7 +224,7 @@ def plot_task_grid(benchmark: str, frame: pd.DataFrame, path: Path) -> Path:
     for ax, task in zip(axes.flat, tasks, strict=False):
         for label, style in styles.items():  # every method, drawn empty where it lacks the task
             line = compressed[(compressed.line == label) & (compressed.task == task)]
-            _draw_points(ax, line, line.task_score.tolist(), style, label, 4)
+            _draw_points(ax, line, line.cr.tolist(), line.task_score.tolist(), style, label, 4)
         for score in rows[rows.reference & (rows.task == task)].sort_values("run").task_score.dropna():
             ax.axhline(score, color=_REFERENCE_COLOR, linestyle="--", linewidth=1.2, label="no compression")
         ax.set_title(f"{task} (n≤{rows.task_n[rows.task == task].max()})", fontsize=10)
@@ -270,22 +319,41 @@ def plot_needle_heatmap(benchmark: str, frame: pd.DataFrame, path: Path) -> Path
 
 
 def plot_cost(benchmark: str, frame: pd.DataFrame, path: Path) -> Path:
-    """Headline score against the KV bytes a context's cache physically held, one line per method; the uncompressed
-    runs are the reference's points, at the full cache."""
+    """Headline score against the KV bytes a context's cache physically held, one line per method, each point
+    labelled with its ratio; the uncompressed baseline is the point at the full cache."""
     runs, styles, _ = _lines(run_level(frame), benchmark)
-    fig, ax = plt.subplots(figsize=(9.5, 5.2))
-    for label, line in runs.dropna(subset=["kv_bytes_held_per_context"]).groupby("line"):
-        line = line.sort_values("kv_bytes_held_per_context")
-        color, marker = styles.get(label, (_REFERENCE_COLOR, "s"))
-        ax.plot(line.kv_bytes_held_per_context / 2**20, line.score, marker=marker, color=color, label=label)
+    runs = runs.dropna(subset=["kv_bytes_held_per_context"]).assign(mib=lambda r: r.kv_bytes_held_per_context / 2**20)
+    fig, ax = plt.subplots(figsize=(10, 5.2))
+    for label, line in runs[~runs.reference].groupby("line"):
+        line = line.sort_values("mib")
+        _draw_points(ax, line, line.mib.tolist(), line.score.tolist(), styles[label], label)
+    _ratio_labels(ax, runs[~runs.reference & runs.score.notna()])
+    for reference in runs[runs.reference].itertuples():
+        label = f"no compression{reference.line.removeprefix(NO_PRESS)} ({reference.score:.2f})"
+        ax.plot(reference.mib, reference.score, "s", color=_REFERENCE_COLOR, markersize=8, label=label)
     ax.set_xscale("log")
-    ax.set_xlabel("KV cache held per context (MiB, log scale)")
-    ax.set_ylabel("score")
-    ax.set_title(f"{benchmark}: score against the memory the cache really holds")
-    ax.grid(alpha=0.3)
-    fig.legend(loc="upper left", bbox_to_anchor=(1 - 2.4 / fig.get_figwidth(), 0.9), fontsize=9)
-    fig.tight_layout(rect=(0, 0, 1 - 2.5 / fig.get_figwidth(), 1))
-    return _save(fig, path, dpi=110)
+    ax.tick_params(labelsize=11)
+    _y_limits(ax, runs.score, score=True)
+    ax.grid(True, alpha=0.3)
+    ax.spines[["top", "right"]].set_visible(False)
+    ax.set_xlabel("KV cache held per context (MiB, log scale)", fontsize=12)
+    ax.set_ylabel("score", fontsize=12)
+    ax.set_title(f"{benchmark}: score against the memory the cache really holds", fontsize=13)
+    return _finish(fig, ax, runs, "labels: compression ratio; square: ", path)
+
+
+def _ratio_labels(ax, runs: pd.DataFrame) -> None:
+    """Each point's cr beside it, once where points of several lines coincide (same ratio, score and, within 5 %,
+    bytes); labels alternate above and below in the order of the bytes, so that neighbours (cr 0.998 and 0.999,
+    whose caches differ by half) never overlap."""
+    placed: list[tuple[float, float, str]] = []
+    for point in runs.sort_values(["mib", "cr"]).itertuples():
+        text = fmt_cr(point.cr).removeprefix("cr=")
+        if any(t == text and y == point.score and abs(math.log(x / point.mib)) < 0.05 for x, y, t in placed):
+            continue
+        offset = (0, 9) if len(placed) % 2 == 0 else (0, -15)
+        ax.annotate(text, (point.mib, point.score), xytext=offset, textcoords="offset points", ha="center", fontsize=9)
+        placed.append((point.mib, point.score, text))
 
 
 def plot_all(frame: pd.DataFrame, out: Path) -> list[Path]:

@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 
 from evaluate import rundir
 from evaluate.benchmarks import Benchmark
+from evaluate.score.baseline import NO_PRESS, is_baseline
 from evaluate.score.bootstrap import Interval, NoInterval, headline_interval, mean_interval
 from evaluate.score.likelihood import FIELDS, row_fields
 from evaluate.spec.keys import NON_RESULT_KEYS
@@ -22,7 +23,6 @@ from evaluate.spec.keys import NON_RESULT_KEYS
 logger = logging.getLogger(__name__)
 
 DEFAULT_RUNS = Path("results/runs")
-NO_PRESS = "no_press"
 # Config keys that never distinguish two results (the fingerprint leaves them out too), the ratio itself (as does
 # any compression_ratio), and the report settings an experiment preset carries.
 _NOT_A_VARIANT = {*NON_RESULT_KEYS, "cr", "wandb", "report"}
@@ -108,6 +108,8 @@ _SHAPES = {
         **dict.fromkeys(("wall_seconds", "peak_memory_mb", *COST_COLUMNS), _NUMBER),
     },
 }
+# What Hydra writes in ${output_dir}/multirun/<time>/ for each sweep, beside the run directories.
+SWEEP_RECORD = "multirun.yaml"
 _TASK_SHAPE = {"n": int, "score": _NUMBER}
 _KIND_NAMES = {dict: "a mapping", str: "a string", int: "an integer", _NUMBER: "a number"}
 
@@ -115,7 +117,8 @@ _KIND_NAMES = {dict: "a mapping", str: "a string", int: "an integer", _NUMBER: "
 def find_run_directories(runs_dir: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
     """The run directories under ``runs_dir`` (itself included), and what else the tree holds that leads to no run,
     with why: a stray file, an empty folder, a folder that cannot be listed. Hidden files (.gitkeep) are no stray
-    files, and a run directory's other files (.lock, a repair's .damaged lines) are its own."""
+    files, a run directory's other files (.lock, a repair's .damaged lines) are its own, and a sweep's folder of
+    Hydra's (its multirun.yaml) is neither run nor stray."""
     found, other = [], []
 
     def unlistable(error: OSError) -> None:
@@ -125,6 +128,9 @@ def find_run_directories(runs_dir: Path) -> tuple[list[Path], list[tuple[Path, s
         if set(RUN_FILES) & {*folders, *files}:
             found.append(Path(folder))
             folders.clear()  # a run file that is a folder is the run's damage, not a tree to search
+            continue
+        if SWEEP_RECORD in files:  # Hydra's record of a sweep (conf/config.yaml's hydra.sweep.dir), no stray file
+            folders.clear()
             continue
         folders.sort()
         other += [(Path(folder, name), "stray file, in no run directory") for name in files if name[0] != "."]
@@ -259,6 +265,22 @@ def _assign_variants(runs: list[RunResult]) -> tuple[list[RunResult], list[tuple
         else:
             kept[key] = run
     return list(kept.values()), duplicates
+
+
+def find_baselines(runs: Sequence[RunResult]) -> list[int | None]:
+    """Each run's uncompressed baseline among ``runs`` (evaluate/score/baseline.py), by position; None for the
+    ``no_press`` runs themselves and for runs that have none."""
+    references = [(position, run) for position, run in enumerate(runs) if run.method == NO_PRESS]
+    found: list[int | None] = []
+    for run in runs:
+        ids = {row["id"] for row in run.rows}
+        matches = (
+            position
+            for position, reference in references
+            if is_baseline(reference.record, lambda reference=reference: reference.rows, run.config, ids)
+        )
+        found.append(None if run.method == NO_PRESS else next(matches, None))
+    return found
 
 
 def compute_intervals(runs: Sequence[RunResult], resamples: int, seed: int = 0) -> None:

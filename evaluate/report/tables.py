@@ -77,8 +77,38 @@ def run_cell(run: pd.Series) -> str:
     return f"{fmt_number(run.score)}{fmt_interval(run.ci_low, run.ci_high)} n={run.n}" + ("*" if run.partial else "")
 
 
-def compressed_ratios(runs: pd.DataFrame) -> list[float]:
-    return sorted(runs.ratio[~runs.reference].unique())
+def placed_references(runs: pd.DataFrame) -> tuple[list[float], pd.DataFrame]:
+    """A table's ratio columns, and its ``no_press`` runs (run level) with the ``column`` each is shown in: every
+    ratio of the compressed runs it is the baseline of (evaluate/score/baseline.py), never beside runs of other data
+    or settings; one that is the baseline of none (or of a table without compressed runs) in a ``cr=0`` column."""
+    compressed = runs[~runs.reference]
+    paired = compressed[["baseline", "ratio"]].dropna().drop_duplicates().astype({"baseline": int})
+    references = runs[runs.reference]
+    placed = references.merge(paired.rename(columns={"baseline": "run", "ratio": "column"}), on="run")
+    alone = references[~references.run.isin(placed.run)].assign(column=0.0)
+    placed = pd.concat([placed, alone], ignore_index=True).astype({"reference": bool, "column": float})
+    return sorted({*compressed.ratio, *placed.column}), placed
+
+
+def baseline_notes(runs: pd.DataFrame) -> list[str]:
+    """Which compressed runs have no uncompressed baseline, and what a ``cr=0`` column holds."""
+    missing = runs[~runs.reference & runs.baseline.isna()]
+    if not runs.reference.any():
+        return [f"No `{NO_PRESS}` run: run `press=none` for the no-compression row."]
+    notes = []
+    if not missing.empty:
+        listed = ", ".join(dict.fromkeys(missing.label + " " + missing.cr.map(fmt_cr)))
+        notes.append(
+            f"No uncompressed baseline for {listed}: no `{NO_PRESS}` run here has the same data, samples and "
+            "settings but the press; run `press=none` with their settings for one."
+        )
+    alone = runs.reference & ~runs.run.isin(runs.baseline.dropna())
+    if alone.any() and not runs.reference.all():
+        notes.append(
+            f"{fmt_cr(0.0)}: `{NO_PRESS}` runs that are the baseline of no compressed run here (their data, samples "
+            "or settings differ)."
+        )
+    return notes
 
 
 def row_method(runs: pd.DataFrame) -> pd.Series:
@@ -114,11 +144,12 @@ def interval_notes(items: pd.DataFrame) -> list[str]:
 
 
 def headline_table(frame: pd.DataFrame, benchmark: str) -> Table:
-    """Rows benchmark x method (x model when several), columns cr; no compression repeated in every column."""
+    """Rows benchmark x method (x model when several), columns cr; no compression beside the runs it is the
+    baseline of (:func:`placed_references`)."""
     frame = run_level(frame[frame.benchmark == benchmark])
-    ratios = compressed_ratios(frame) or [0.0]
-    references = frame[frame.reference].merge(pd.DataFrame({"column": ratios}), how="cross")
-    placed = pd.concat([frame[~frame.reference].assign(column=frame.ratio), references])
+    ratios, references = placed_references(frame)
+    compressed = frame[~frame.reference]
+    placed = pd.concat([compressed.assign(column=compressed.ratio), references], ignore_index=True)
     placed = placed.assign(cell=placed.apply(run_cell, axis=1), compressed=~placed.reference, row=row_method(placed))
     keys = ["model", "query_aware", "compressed", "method", "variant", "label", "row"]
     grid = placed.astype(object).pivot(index=keys, columns="column", values=["cell", *_HEADLINE_CSV]).sort_index()
@@ -133,13 +164,13 @@ def headline_table(frame: pd.DataFrame, benchmark: str) -> Table:
     notes = settings_note(frame) + partial_note(frame) + interval_notes(frame)
     if (frame.score.isna() & frame.answer_kl.notna()).any():
         notes.append("`-` with n: made with generate=false, no answers to score; see the likelihood table.")
-    if not frame.reference.any():
-        notes.append(f"No `{NO_PRESS}` run: run `press=none` for the no-compression row.")
+    notes += baseline_notes(frame)
     return Table(benchmark, f"{benchmark}: headline score by compression ratio", data, [("", md)], notes)
 
 
 def task_table(frame: pd.DataFrame, benchmark: str) -> Table:
-    """Task x method at each compression ratio; the no-compression column is repeated in every section."""
+    """Task x method at each compression ratio; each section holds the no-compression columns of its runs'
+    baselines (:func:`placed_references`)."""
     frame = frame[frame.benchmark == benchmark]
     scored = frame.dropna(subset=["task"])
     runs = run_level(frame)
@@ -149,9 +180,11 @@ def task_table(frame: pd.DataFrame, benchmark: str) -> Table:
     text = scored.task_score.map(fmt_number) + " n=" + scored.task_n.astype(str) + partial
     cells = scored.assign(text=text).pivot(index="task", columns="run", values="text")
     sections = []
-    for cr in compressed_ratios(runs) or [0.0]:
+    ratios, references = placed_references(runs)
+    for cr in ratios:
         compressed = runs[~runs.reference & (runs.ratio == cr)]
-        shown = pd.concat([runs[runs.reference], compressed.sort_values(["model", "query_aware", "method", "variant"])])
+        ordered = compressed.sort_values(["model", "query_aware", "method", "variant"])
+        shown = pd.concat([references[references.column == cr].drop(columns="column"), ordered])
         body = cells.reindex(columns=shown.run).fillna("")
         body.loc["**score**"] = shown.score.map(fmt_number).to_numpy()
         section = pd.DataFrame(body.reset_index().to_numpy(), columns=["task", *shown.label])

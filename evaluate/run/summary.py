@@ -3,6 +3,7 @@
 import shlex
 import sys
 from collections.abc import Sequence
+from functools import cache, partial
 from pathlib import Path
 
 import pandas as pd
@@ -11,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from evaluate import rundir
 from evaluate.report.runs import flatten
+from evaluate.score.baseline import is_baseline
 from evaluate.spec.config import effective_cr, method_name, run_dir
 from evaluate.spec.keys import NON_RESULT_KEYS
 from evaluate.spec.shard import resolve_shard
@@ -25,23 +27,22 @@ def _last_of_each_key(overrides: Sequence[str]) -> list[str]:
     return list(last.values())
 
 
+def _readable_rows(path: Path) -> list[dict]:
+    try:
+        return rundir.read_predictions(path)
+    except rundir.DamagedPredictions:  # not a baseline to compare with until it is repaired
+        return []
+
+
 def uncompressed_score(cfg: DictConfig, sample_ids: set[str]) -> tuple[float, Path] | None:
-    """The headline a finished ``no_press`` run under ``output_dir`` gives on exactly these samples, if one exists."""
-    wanted = {key: OmegaConf.to_container(cfg[key], resolve=True) for key in ("benchmark", "model")}
+    """The headline this run's uncompressed baseline (evaluate/score/baseline.py) under ``output_dir`` gives on
+    exactly these samples, and its directory; None when no run there is its baseline."""
+    config = (rundir.read_yaml(run_dir(cfg) / rundir.CONFIG) or {}).get("config", {})
     for config_path in sorted(Path(cfg.output_dir).glob("*/" + rundir.CONFIG)):
-        recorded = rundir.read_yaml(config_path) or {}
-        config = recorded.get("config", {})
-        if recorded.get("method") != "no_press" or config.get("query_aware") != cfg.query_aware:
-            continue
-        if any(config.get(key) != value for key, value in wanted.items()):
-            continue
-        try:
-            recorded_rows = rundir.read_predictions(config_path.parent / rundir.PREDICTIONS)
-        except rundir.DamagedPredictions:  # not a reference to compare with until it is repaired
-            continue
-        rows = [row for row in recorded_rows if row["id"] in sample_ids and not row.get("error")]
-        if {row["id"] for row in rows} == sample_ids:
-            return instantiate(cfg.benchmark).score(rows)["score"], config_path.parent
+        rows = cache(partial(_readable_rows, config_path.parent / rundir.PREDICTIONS))
+        if is_baseline(rundir.read_yaml(config_path) or {}, rows, config, sample_ids):
+            same = [row for row in rows() if row["id"] in sample_ids]
+            return instantiate(cfg.benchmark).score(same)["score"], config_path.parent
     return None
 
 
@@ -85,7 +86,7 @@ def run_summary(cfg: DictConfig, metrics: dict, overrides: Sequence[str] = ()) -
             lines.append(f"uncompressed, same samples: score {found[0]} ({found[1]})")
         else:
             uncompressed = shlex.join(["press=none", *others])
-            lines.append(f"uncompressed score of these samples: python -m evaluate {uncompressed}")
+            lines.append(f"no uncompressed run of these samples and settings yet: python -m evaluate {uncompressed}")
     lines.append(f"files: {out}/ (predictions.jsonl, metrics.json, run.json, config.yaml)")
     # The sweep suggested is the run's own press, its knobs included, at more ratios; an uncompressed run's sweeps
     # two presses that compress.

@@ -164,10 +164,12 @@ def _resampled_task_means(
     return [total / len(per_task) for total in totals]
 
 
-def _percentiles(values: np.ndarray, level: float, digits: int = 2) -> tuple[float, float]:
+def _percentiles(values: np.ndarray, level: float, digits: int | None = 2) -> tuple[float, float]:
+    """The interval's bounds, rounded as the figure they bound is (``None``: not at all), so that rounding never
+    moves a bound past the figure."""
     tail = 100 * (1 - level) / 2
-    low, high = np.percentile(values, [tail, 100 - tail])
-    return round(float(low), digits), round(float(high), digits)
+    low, high = (float(bound) for bound in np.percentile(values, [tail, 100 - tail]))
+    return (low, high) if digits is None else (round(low, digits), round(high, digits))
 
 
 def _slow_resamples(
@@ -222,8 +224,9 @@ def mean_interval(
 ) -> Interval:
     """Bootstrap interval of the unweighted mean over tasks of each task's mean of ``values`` (one per row), drawn as
     the headline's: contexts resampled within each task. For per-sample quantities that need no benchmark to score
-    (the likelihood fields); rounded to 4 decimals, as they are far below 1. Raises NoInterval when a task has a
-    single context."""
+    (the likelihood fields); not rounded, as the means it bounds are not (metrics.json's likelihood): a KL far below
+    1e-4 rounded to 4 decimals would leave its own mean outside. Raises NoInterval when a task has a single
+    context."""
     grouped = _clusters(rows)
     contexts = _require_spread(grouped)
     per_task = []
@@ -232,7 +235,7 @@ def mean_interval(
         sums = np.array([sum(values[i] for i in clusters[c]) for c in ids])
         per_task.append(((sums, np.array([len(clusters[c]) for c in ids], dtype=float)),))
     (means,) = _resampled_task_means(per_task, np.random.default_rng(seed), resamples)
-    return Interval(*_percentiles(means, level, digits=4), resamples=resamples, decomposed=True, contexts=contexts)
+    return Interval(*_percentiles(means, level, digits=None), resamples=resamples, decomposed=True, contexts=contexts)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
-"""Which settings are results: the one list of keys that never change a prediction.
+"""Which settings are results: the one list of keys that never change a prediction, and the keys that choose the
+press, in which alone a run differs from its uncompressed baseline.
 
-The fingerprint leaves them out (evaluate/spec/config.py), and the readers of a results tree never tell two runs
-apart by them (evaluate/report/runs.py); it imports nothing, so the readers stay light.
+The fingerprint leaves the first out (evaluate/spec/config.py), the readers of a results tree never tell two runs
+apart by them (evaluate/report/runs.py), and a run's baseline differs from it in the second alone
+(evaluate/score/baseline.py); it imports nothing, so the readers stay light.
 """
 
 # Keys that never change a prediction: where results go, how many samples, which device runs them.
@@ -25,3 +27,20 @@ NON_RESULT_KEYS = (
     # Which tables the report draws (an experiment preset's report: entry), not what a run computes.
     "report",
 )
+
+# Set by kvpress's runner from its command line (compression_ratio, ThinK's key_channel_compression_ratio, DMS's
+# threshold, DuoAttention's head_compression_ratio, DecodingPress's interval and target size): they are the
+# sweep axes, not part of what a name means.
+RUNNER_KNOBS = frozenset(
+    {
+        "compression_ratio",
+        "key_channel_compression_ratio",
+        "threshold",
+        "head_compression_ratio",
+        "compression_interval",
+        "target_size",
+        "hidden_states_buffer_size",
+    }
+)
+# What chooses the press and how much it removes: a run and its uncompressed baseline differ in these alone.
+PRESS_KEYS = frozenset({"press", "scorer", "cr", *RUNNER_KNOBS})
