@@ -16,10 +16,10 @@ import matplotlib
 import numpy as np
 import pandas as pd
 
+from evaluate import rundir
 from evaluate.benchmarks.needle_in_haystack import TASK_SCORE_LABEL, NeedleInHaystack, task_depth
 from evaluate.report.frame import QUERY_AWARE, bracketed, run_level
 from evaluate.report.runs import NO_PRESS
-from evaluate.report.tables import fmt_cr
 
 matplotlib.use("Agg")  # files only; never a display
 
@@ -101,7 +101,7 @@ def ratio_labels(ratios: Sequence[float]) -> list[str]:
     labels, lowered = [], False
     for before, ratio in zip([None, *ratios], ratios, strict=False):
         lowered = before is not None and ratio - before < 0.08 * span and not lowered
-        labels.append(("\n" if lowered else "") + fmt_cr(ratio).removeprefix("cr="))
+        labels.append(("\n" if lowered else "") + rundir.cr_text(ratio))
     return labels
 
 
@@ -348,7 +348,7 @@ def _ratio_labels(ax, runs: pd.DataFrame) -> None:
     whose caches differ by half) never overlap."""
     placed: list[tuple[float, float, str]] = []
     for point in runs.sort_values(["mib", "cr"]).itertuples():
-        text = fmt_cr(point.cr).removeprefix("cr=")
+        text = rundir.cr_text(point.cr)
         if any(t == text and y == point.score and abs(math.log(x / point.mib)) < 0.05 for x, y, t in placed):
             continue
         offset = (0, 9) if len(placed) % 2 == 0 else (0, -15)

@@ -7,6 +7,7 @@ from typing import Any
 
 import pandas as pd
 
+from evaluate import rundir
 from evaluate.report.frame import run_level
 from evaluate.report.runs import COST_COLUMNS, NO_PRESS, flatten
 from evaluate.score.likelihood import FIELDS as LIKELIHOOD_FIELDS
@@ -24,7 +25,7 @@ def fmt_number(value: float | None, signed: bool = False) -> str:
 
 
 def fmt_cr(cr: float) -> str:
-    return f"cr={cr:.2f}" if round(cr, 2) == round(cr, 6) else f"cr={cr:g}"
+    return f"cr={rundir.cr_text(cr)}"
 
 
 def fmt_interval(low: float | None, high: float | None, signed: bool = False) -> str:
