@@ -4,7 +4,8 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from evaluate.report.runs import COST_COLUMNS, NO_PRESS, RunResult, find_baselines
+from evaluate.cost_schema import COST_KEYS
+from evaluate.report.runs import NO_PRESS, RunResult, find_baselines
 from evaluate.score.likelihood import FIELDS as LIKELIHOOD_FIELDS
 
 _RUN_ATTRIBUTES = "benchmark model model_id method variant query_aware score interval_note partial_reasons".split()
@@ -43,7 +44,7 @@ def runs_frame(runs: Sequence[RunResult]) -> pd.DataFrame:
             "settings": run.config.get("benchmark", {}),
             "status": run.run.get("status", ""),
             "kept_ratio": sum(kept) / len(kept) if kept else None,
-            **{key: run.run.get(key) for key in ("wall_seconds", "peak_memory_mb", *COST_COLUMNS)},
+            **{key: run.run.get(key) for key in COST_KEYS},
             "run_dir": str(run.path),
             **{name: run.likelihood.get(name) for name in LIKELIHOOD_FIELDS},
             **{

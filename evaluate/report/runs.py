@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 
 from evaluate import rundir
 from evaluate.benchmarks import Benchmark
+from evaluate.cost_schema import COST_KEYS
 from evaluate.score.baseline import NO_PRESS, is_baseline
 from evaluate.score.bootstrap import Interval, NoInterval, headline_interval, mean_interval
 from evaluate.score.likelihood import FIELDS, row_fields
@@ -78,17 +79,6 @@ class RunResult:
         return self.benchmark_object.coverage(self.rows, self.config)
 
 
-# What a run cost, as run.json records it (evaluate/run/recorder.py): the report's cost table and plot.
-COST_COLUMNS = (
-    "prefill_seconds",
-    "compress_seconds",
-    "decode_seconds",
-    "generated_tokens",
-    "decode_tokens_per_second",
-    "forward_passes_per_question",
-    "kv_bytes_held_per_context",
-    "kv_bytes_kept_per_context",
-)
 # Files a run directory holds: a folder with any of them is a run directory, whatever else it holds.
 RUN_FILES = (rundir.RUN, rundir.CONFIG, rundir.METRICS, rundir.PREDICTIONS)
 # What the tables read of each run file, by dotted key, with the types it must have where it is present and not null.
@@ -105,7 +95,7 @@ _SHAPES = {
     rundir.RUN: {
         "status": str,
         "updated_at": str,
-        **dict.fromkeys(("wall_seconds", "peak_memory_mb", *COST_COLUMNS), _NUMBER),
+        **dict.fromkeys(COST_KEYS, _NUMBER),
     },
 }
 # What Hydra writes in ${output_dir}/multirun/<time>/ for each sweep, beside the run directories.

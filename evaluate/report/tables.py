@@ -8,8 +8,9 @@ from typing import Any
 import pandas as pd
 
 from evaluate import rundir
+from evaluate.cost_schema import COST_KEYS, cost_metadata
 from evaluate.report.frame import run_level
-from evaluate.report.runs import COST_COLUMNS, NO_PRESS, flatten
+from evaluate.report.runs import NO_PRESS, flatten
 from evaluate.score.likelihood import FIELDS as LIKELIHOOD_FIELDS
 
 # Frame columns that the CSV files name otherwise.
@@ -206,25 +207,26 @@ def runs_table(frame: pd.DataFrame) -> Table:
 
 
 def cost_table(frame: pd.DataFrame) -> Table:
-    """Every run's cost beside its score: seconds by phase, decoding speed, forward passes per question, peak memory,
-    and the KV bytes each context's cache physically held against those its press counts as kept."""
+    """Every run's cost beside its score, one column per cost key of run.json (evaluate/cost_schema.py): seconds by
+    phase, decoding speed, forward passes per question, the KV bytes each context's cache physically held against
+    those its press counts as kept, wall time and peak memory."""
     frame = run_level(frame).sort_values(["benchmark", "model", "method", "variant", "cr"], kind="stable")
-    columns = ["benchmark", "model", "method", "variant", "query_aware", "cr", "score", *COST_COLUMNS]
-    columns += ["wall_seconds", "peak_memory_mb"]
+    columns = ["benchmark", "model", "method", "variant", "query_aware", "cr", "score", *COST_KEYS]
     data = frame[columns].rename(columns=_CSV_NAMES)
-    kv_columns = ("kv_bytes_held_per_context", "kv_bytes_kept_per_context")
-    counted = ("generated_tokens",)
-    measured = [name for name in data.columns[6:] if name not in kv_columns + counted]
+    shown_as = {"number": fmt_number, "count": fmt_count, "mib": fmt_mib}
     shown = data.assign(
-        **{name: data[name].map(fmt_number) for name in measured},
-        **{name: data[name].map(lambda value: "-" if pd.isna(value) else f"{value:.0f}") for name in counted},
-        **{name: data[name].map(fmt_mib) for name in kv_columns},
-    ).rename(columns={"kv_bytes_held_per_context": "KV MiB held", "kv_bytes_kept_per_context": "KV MiB kept"})
+        score=data.score.map(fmt_number),
+        **{key: data[key].map(shown_as[cost_metadata(key)["shown"]]) for key in COST_KEYS},
+    ).rename(columns={key: cost_metadata(key)["column"] for key in COST_KEYS if cost_metadata(key)["column"]})
     notes = [
         "KV MiB per context: held is what the compressed cache physically stores (masking presses keep every pair), "
         "kept is what the press counts as kept. Seconds are each run's own share of a sweep's shared work."
     ]
     return Table("cost", "Cost beside quality", data, [("", shown)], notes)
+
+
+def fmt_count(value: float | None) -> str:
+    return "-" if pd.isna(value) else f"{value:.0f}"
 
 
 def fmt_mib(value: float | None) -> str:

@@ -21,6 +21,7 @@ import torch
 from omegaconf import OmegaConf
 
 from evaluate import rundir
+from evaluate.cost_schema import RunCost
 from evaluate.engine.cost import Cost
 from evaluate.engine.requests import AnsweredGroup
 from evaluate.errors import ConfigError
@@ -119,26 +120,26 @@ class RunStats:
             earlier_wall_seconds=sum(part.earlier_wall_seconds for part in parts),
         )
 
-    def record(self) -> dict:
-        """run.json's cost fields: per run, per question and per context."""
+    def record(self, peak_memory_mb: float) -> dict:
+        """run.json's cost fields (evaluate/cost_schema.py): per run, per question and per context; then the counts
+        they are over and the totals a resume adds to."""
         cost = self.cost
-        return {
-            "wall_seconds": round(self.wall_seconds, 3),
-            "prefill_seconds": round(cost.prefill_seconds, 3),
-            "compress_seconds": round(cost.compress_seconds, 3),
-            "decode_seconds": round(cost.decode_seconds, 3),
-            "likelihood_seconds": round(cost.likelihood_seconds, 3),
-            "generated_tokens": cost.generated_tokens,
-            "decode_tokens_per_second": round(cost.generated_tokens / cost.decode_seconds, 2)
+        costs = RunCost(
+            prefill_seconds=round(cost.prefill_seconds, 3),
+            compress_seconds=round(cost.compress_seconds, 3),
+            decode_seconds=round(cost.decode_seconds, 3),
+            likelihood_seconds=round(cost.likelihood_seconds, 3),
+            generated_tokens=cost.generated_tokens,
+            decode_tokens_per_second=round(cost.generated_tokens / cost.decode_seconds, 2)
             if cost.decode_seconds
             else None,
-            "forward_passes_per_question": round(cost.forward_passes / self.questions, 4) if self.questions else None,
-            "kv_bytes_held_per_context": round(cost.kv_bytes_held / self.contexts) if self.contexts else None,
-            "kv_bytes_kept_per_context": round(cost.kv_bytes_kept / self.contexts) if self.contexts else None,
-            "contexts": self.contexts,
-            "questions": self.questions,
-            "totals": asdict(cost),
-        }
+            forward_passes_per_question=round(cost.forward_passes / self.questions, 4) if self.questions else None,
+            kv_bytes_held_per_context=round(cost.kv_bytes_held / self.contexts) if self.contexts else None,
+            kv_bytes_kept_per_context=round(cost.kv_bytes_kept / self.contexts) if self.contexts else None,
+            wall_seconds=round(self.wall_seconds, 3),
+            peak_memory_mb=round(peak_memory_mb, 1),
+        )
+        return {**costs.record(), "contexts": self.contexts, "questions": self.questions, "totals": asdict(cost)}
 
 
 @dataclass
@@ -422,8 +423,7 @@ class Recorder:
             "errors": self.n_errors,
             "truncated_samples": self.truncated,
             **({"answered_by": {"path": self.path, "why": self.path_why}} if self.path else {}),
-            **self.stats.record(),
-            "peak_memory_mb": round(peak_memory_mb(self.plan.spec.device, self.plan.spec.device_map), 1),
+            **self.stats.record(peak_memory_mb(self.plan.spec.device, self.plan.spec.device_map)),
             "device": self.plan.spec.device,
             "sessions": self.stats.sessions,
             "started_at": self.stats.started_at,
@@ -487,8 +487,7 @@ class Recorder:
             "samples_expected": len(plan.samples),
             "errors": errors,
             "truncated_samples": max(truncated, default=None),
-            **stats.record(),
-            "peak_memory_mb": max((record.get("peak_memory_mb") or 0.0 for record in every), default=0.0),
+            **stats.record(max((record.get("peak_memory_mb") or 0.0 for record in every), default=0.0)),
             "device": self.plan.spec.device,
             "sessions": stats.sessions,
             "started_at": stats.started_at,

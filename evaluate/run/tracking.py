@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from evaluate.cost_schema import COST_KEYS
 from evaluate.score.bootstrap import sample_scores
 from evaluate.score.likelihood import FIELDS as LIKELIHOOD_FIELDS
 from evaluate.spec.config import ConfigError
@@ -103,8 +104,8 @@ class Tracker:
             summary |= {f"tasks/{task}/{key}": value for key, value in values.items() if isinstance(value, int | float)}
         if kept := [row["kept_ratio"] for row in rows if row.get("kept_ratio") is not None]:
             summary["kept_ratio"] = sum(kept) / len(kept)
-        timings = ("wall_seconds", "prefill_seconds", "decode_seconds", "peak_memory_mb", "errors")
-        summary |= {key: run_record[key] for key in timings if run_record.get(key) is not None}
+        # Every cost key of run.json (evaluate/cost_schema.py), and the failed samples.
+        summary |= {key: run_record[key] for key in (*COST_KEYS, "errors") if run_record.get(key) is not None}
         other = {key: value for key, value in metrics.items() if key not in ("tasks", "score", "benchmark")}
         summary |= {key: value for key, value in other.items() if isinstance(value, int | float)}
         likelihood = metrics.get("likelihood") or {}  # the likelihood fields' means: headline, then per task
