@@ -74,13 +74,25 @@ def test_nothing_imports_the_command_lines_and_results_never_import_their_consum
     assert entry_points <= set(graph)
     launchers = {"evaluate.report.__main__", "evaluate.score.__main__"}  # python -m evaluate.report, evaluate.score
     assert not {module for module, targets in graph.items() if targets & entry_points and module not in launchers}
-    consumers = {*entry_points, "evaluate.report.plots", "evaluate.run.tracking"}
+    consumers = {*entry_points, "evaluate.report.plots", "evaluate.report.tracking", "evaluate.run.tracking"}
     readers = {module: targets for module, targets in graph.items() if module.startswith("evaluate.report.runs")}
     assert readers and all(not targets & consumers for targets in readers.values())
 
 
-# Data flows one way: spec -> models -> engine -> run, and the readers (score, report) beside the run.
-LAYERS = ("evaluate.spec", "evaluate.models", "evaluate.engine", "evaluate.run")
+# The order docs/layout.md draws: each stage imports only the stages before it, and the shared top-level modules
+# (errors, rundir, keys, registry, cost_schema) import no stage. Data flows spec -> models -> engine -> run, whose
+# recorder scores with score/ and whose closing lines read results as report/ does; report/ imports no run/.
+LAYERS = (
+    "evaluate.benchmarks",
+    "evaluate.spec",
+    "evaluate.models",
+    "evaluate.engine",
+    "evaluate.score",
+    "evaluate.report",
+    "evaluate.run",
+)
+# The entry points that start a stage's work from the command line: they may import any stage.
+COMMANDS = ("evaluate.__main__",)
 
 
 def in_stage(module: str, *stages: str) -> bool:
@@ -93,6 +105,13 @@ def test_each_stage_imports_only_the_stages_before_it():
         for module, targets in graph.items():
             if in_stage(module, layer):
                 assert not {t for t in targets if in_stage(t, *LAYERS[rank + 1 :])}, module
+    shared = {m: t for m, t in graph.items() if m.count(".") == 1 and m.startswith("evaluate.") and m not in COMMANDS}
+    shared = {module: targets for module, targets in shared.items() if not in_stage(module, *LAYERS)}
+    assert {"evaluate.errors", "evaluate.rundir", "evaluate.keys", "evaluate.registry", "evaluate.cost_schema"} <= set(
+        shared
+    )
+    assert not {module: targets & {t for t in targets if in_stage(t, *LAYERS)} for module, targets in shared.items()
+                if any(in_stage(t, *LAYERS) for t in targets)}  # fmt: skip
     engine = {module: targets for module, targets in graph.items() if in_stage(module, "evaluate.engine")}
     assert engine and not {t for targets in engine.values() for t in targets if in_stage(t, "evaluate.score")}
 

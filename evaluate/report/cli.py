@@ -82,6 +82,6 @@ def report(args: argparse.Namespace, unwritten: list[str]) -> None:
     if plots:
         print(f"plots: {', '.join(map(str, plots))}")
     if args.wandb:
-        from evaluate.run.tracking import log_report
+        from evaluate.report.tracking import log_report
 
         print(f"wandb summary run: {log_report(built, plots, mode=args.wandb, project=args.wandb_project)}")

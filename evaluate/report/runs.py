@@ -16,10 +16,10 @@ from tqdm.auto import tqdm
 from evaluate import rundir
 from evaluate.benchmarks import Benchmark
 from evaluate.cost_schema import COST_KEYS
+from evaluate.keys import NON_RESULT_KEYS
 from evaluate.score.baseline import NO_PRESS, is_baseline
 from evaluate.score.bootstrap import Interval, NoInterval, headline_interval, mean_interval
 from evaluate.score.likelihood import FIELDS, row_fields
-from evaluate.spec.keys import NON_RESULT_KEYS
 
 logger = logging.getLogger(__name__)
 

@@ -11,10 +11,10 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from evaluate import rundir
+from evaluate.keys import NON_RESULT_KEYS
 from evaluate.report.runs import flatten
 from evaluate.score.baseline import is_baseline
 from evaluate.spec.config import effective_cr, method_name, run_dir
-from evaluate.spec.keys import NON_RESULT_KEYS
 from evaluate.spec.shard import resolve_shard
 
 # Overrides that choose the press; the uncompressed run of the same samples drops them.

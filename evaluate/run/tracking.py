@@ -2,41 +2,26 @@
 
 ``disabled`` (the default) never imports wandb; ``offline`` writes runs under ``wandb.dir`` (or ``$WANDB_DIR``, or
 ``./wandb``) for a later ``wandb sync DIR``. A run logs its config and progress, then its metrics, timings and sampled
-predictions; the runs of one Hydra multirun share a ``group``. ``python -m evaluate.report --wandb`` logs a report to
-one summary run. A wandb failure turns the tracker off with a warning, never stopping an evaluation; a missing wandb
-package, or an unknown mode, is refused before the model loads.
+predictions; the runs of one Hydra multirun share a ``group`` (a report's summary run is evaluate/report/tracking.py's).
+A wandb failure turns the tracker off with a warning, never stopping an evaluation; a missing wandb package, or an
+unknown mode, is refused before the model loads.
 """
 
 import logging
 import random
 from collections.abc import Sequence
-from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from evaluate.cost_schema import COST_KEYS
+from evaluate.errors import ConfigError
+from evaluate.report.tracking import MODES, import_wandb
 from evaluate.score.bootstrap import sample_scores
 from evaluate.score.likelihood import FIELDS as LIKELIHOOD_FIELDS
-from evaluate.spec.config import ConfigError
-
-if TYPE_CHECKING:
-    from evaluate.report.build import Report
 
 logger = logging.getLogger(__name__)
-
-MODES = ("disabled", "offline", "online")
-
-
-def _import_wandb(mode: str):
-    try:
-        import wandb
-    except ImportError:
-        raise ConfigError(
-            f"wandb.mode={mode} needs the wandb package: pip install 'pressbench[wandb]' (or wandb.mode=disabled)"
-        ) from None
-    return wandb
 
 
 class Tracker:
@@ -63,7 +48,7 @@ class Tracker:
             raise ConfigError(f"wandb.mode={mode!r}; choose one of {', '.join(MODES)}")
         if mode == "disabled":
             return cls()
-        wandb = _import_wandb(mode)
+        wandb = import_wandb(mode)
         run = wandb.init(
             mode=mode,
             project=settings.get("project") or "pressbench",
@@ -137,37 +122,3 @@ class Tracker:
         """Close the wandb run; a non-zero exit code marks it failed (an interrupted run)."""
         self._safely(lambda: self._run.finish(exit_code=exit_code))
         self._run = None
-
-
-def _table(wandb, frame, **options):
-    """A DataFrame as a ``wandb.Table``."""
-    return wandb.Table(columns=list(frame.columns), data=frame.astype(object).to_numpy().tolist(), **options)
-
-
-def log_report(report: "Report", plots: Sequence[Path], mode: str, project: str = "pressbench", dir=None) -> str:
-    """Log every table (as its CSV file holds it), every plot, and a score-against-cr chart per benchmark (and an
-    answer-KL one where runs have the likelihood fields) to one summary run; returns the run's URL (online) or its
-    local folder (offline)."""
-    wandb = _import_wandb(mode)
-    runs = report.frame.drop_duplicates("run")
-    benchmarks = sorted(runs.benchmark.unique())
-    name, config = f"report-{datetime.now():%Y-%m-%d_%H-%M-%S}", {"runs": len(runs), "benchmarks": benchmarks}
-    run = wandb.init(
-        mode=mode, project=project, job_type="report", name=name, dir=dir, config=config, reinit="create_new"
-    )
-    try:
-        record = {f"tables/{t.name}": _table(wandb, t.cells(), allow_mixed_types=True) for t in report.tables()}
-        for benchmark in benchmarks:
-            for value, suffix, title in (("score", "", "score"), ("answer_kl", "_kl", "answer KL")):
-                measured = runs[(runs.benchmark == benchmark) & runs[value].notna()]
-                if measured.empty:
-                    continue  # generate=false runs have no score; runs made with likelihood=false no KL
-                points = measured.assign(method=measured.label + " · " + measured.model, compression_ratio=measured.cr)
-                chart = _table(wandb, points[["method", "compression_ratio", value]])
-                line = {"stroke": "method", "title": f"{benchmark}: {title} vs cr"}
-                record[f"charts/{benchmark}{suffix}"] = wandb.plot.line(chart, "compression_ratio", value, **line)
-        record |= {f"plots/{Path(path).stem}": wandb.Image(str(path)) for path in plots}
-        run.log(record)
-        return run.url if mode == "online" else str(Path(run.dir).parent)
-    finally:
-        run.finish()

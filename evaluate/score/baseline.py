@@ -2,7 +2,7 @@
 report (evaluate/report/) pair a run with ``no_press`` by.
 
 A finished ``no_press`` run is the baseline of a run when both recorded the same result settings but the press and
-its ratio (evaluate/spec/keys.py's ``PRESS_KEYS``: press, scorer, cr and the runner's knobs) and the baseline answered
+its ratio (evaluate/keys.py's ``PRESS_KEYS``: press, scorer, cr and the runner's knobs) and the baseline answered
 every sample the run answered: the same data, model, context budget, seed and query-awareness, so that the two
 differ in the compression alone. Any other ``no_press`` run is no baseline of it, however close.
 """
@@ -10,7 +10,7 @@ differ in the compression alone. Any other ``no_press`` run is no baseline of it
 import json
 from collections.abc import Callable, Iterable
 
-from evaluate.spec.keys import NON_RESULT_KEYS, PRESS_KEYS
+from evaluate.keys import NON_RESULT_KEYS, PRESS_KEYS
 
 NO_PRESS = "no_press"
 

@@ -1,0 +1,59 @@
+"""A report logged to Weights & Biases (``python -m evaluate.report --wandb``), and wandb's import, which a run's
+tracking (evaluate/run/tracking.py) shares: every table, every plot and a score-against-cr chart per benchmark in one
+summary run."""
+
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from evaluate.errors import ConfigError
+
+if TYPE_CHECKING:
+    from evaluate.report.build import Report
+
+MODES = ("disabled", "offline", "online")
+
+
+def import_wandb(mode: str):
+    try:
+        import wandb
+    except ImportError:
+        raise ConfigError(
+            f"wandb.mode={mode} needs the wandb package: pip install 'pressbench[wandb]' (or wandb.mode=disabled)"
+        ) from None
+    return wandb
+
+
+def _table(wandb, frame, **options):
+    """A DataFrame as a ``wandb.Table``."""
+    return wandb.Table(columns=list(frame.columns), data=frame.astype(object).to_numpy().tolist(), **options)
+
+
+def log_report(report: "Report", plots: Sequence[Path], mode: str, project: str = "pressbench", dir=None) -> str:
+    """Log every table (as its CSV file holds it), every plot, and a score-against-cr chart per benchmark (and an
+    answer-KL one where runs have the likelihood fields) to one summary run; returns the run's URL (online) or its
+    local folder (offline)."""
+    wandb = import_wandb(mode)
+    runs = report.frame.drop_duplicates("run")
+    benchmarks = sorted(runs.benchmark.unique())
+    name, config = f"report-{datetime.now():%Y-%m-%d_%H-%M-%S}", {"runs": len(runs), "benchmarks": benchmarks}
+    run = wandb.init(
+        mode=mode, project=project, job_type="report", name=name, dir=dir, config=config, reinit="create_new"
+    )
+    try:
+        record = {f"tables/{t.name}": _table(wandb, t.cells(), allow_mixed_types=True) for t in report.tables()}
+        for benchmark in benchmarks:
+            for value, suffix, title in (("score", "", "score"), ("answer_kl", "_kl", "answer KL")):
+                measured = runs[(runs.benchmark == benchmark) & runs[value].notna()]
+                if measured.empty:
+                    continue  # generate=false runs have no score; runs made with likelihood=false no KL
+                points = measured.assign(method=measured.label + " · " + measured.model, compression_ratio=measured.cr)
+                chart = _table(wandb, points[["method", "compression_ratio", value]])
+                line = {"stroke": "method", "title": f"{benchmark}: {title} vs cr"}
+                record[f"charts/{benchmark}{suffix}"] = wandb.plot.line(chart, "compression_ratio", value, **line)
+        record |= {f"plots/{Path(path).stem}": wandb.Image(str(path)) for path in plots}
+        run.log(record)
+        return run.url if mode == "online" else str(Path(run.dir).parent)
+    finally:
+        run.finish()
