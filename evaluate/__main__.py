@@ -7,8 +7,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from evaluate.errors import ConfigError, refuse
+from evaluate.points.overrides import check_command_line
 from evaluate.run.entry import command
-from evaluate.spec.overrides import check_command_line
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="config")

@@ -1,7 +1,7 @@
 """Which settings are results: the one list of keys that never change a prediction, and the keys that choose the
 press, in which alone a run differs from its uncompressed baseline.
 
-The fingerprint leaves the first out (evaluate/spec/config.py), the readers of a results tree never tell two runs
+The fingerprint leaves the first out (evaluate/points/config.py), the readers of a results tree never tell two runs
 apart by them (evaluate/report/runs.py), and a run's baseline differs from it in the second alone
 (evaluate/score/baseline.py); it imports nothing, so the readers stay light.
 """

@@ -234,7 +234,7 @@ def store_method_configs() -> None:
 
 
 # Hydra reads the config store when it composes; every entry point (python -m evaluate, the tests' compose) imports
-# this module first, through evaluate.spec.config.
+# this module first, through evaluate.points.config.
 store_method_configs()
 
 

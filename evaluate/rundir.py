@@ -4,7 +4,7 @@
   last line left by a crash is detected and cut off when the file is read back. Any other unreadable line is
   refused with its file and line number, until ``python -m evaluate.run.repair`` moves it aside.
 - ``config.yaml``, ``metrics.json`` and ``run.json`` are replaced whole (write beside, then rename).
-- A shard of a point (evaluate/spec/shard.py) appends to ``shards/<shard>.jsonl`` and records its session in
+- A shard of a point (evaluate/points/shard.py) appends to ``shards/<shard>.jsonl`` and records its session in
   ``shards/<shard>.json``; the shard that answers a point's last sample merges them into ``predictions.jsonl``, in
   the order one process would have written, and removes them. A shard's lock, ``shards/<shard>.lock``, is removed by
   its holder as it lets go, and by the merge where no live process holds it (a killed shard's).

@@ -23,8 +23,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from evaluate.engine import pooled  # noqa: E402
+from evaluate.engine.decoding_pool import DecodingPool  # noqa: E402
 from evaluate.engine.requests import DecodeRequest  # noqa: E402
-from evaluate.engine.scheduler import DecodingPool  # noqa: E402
 from evaluate.engine.teacher_forcing import teacher_forced  # noqa: E402
 from evaluate.run.entry import run  # noqa: E402
 

@@ -47,7 +47,7 @@ PACKAGES = (
 IMPORTS = (
     "evaluate.engine.pipeline",
     "evaluate.run.entry",
-    "evaluate.engine.scheduler",
+    "evaluate.engine.decoding_pool",
     "evaluate.models.random_models",
     "evaluate.benchmarks.ruler_synth",
     "presses.eg_chunkkv",
@@ -155,7 +155,7 @@ def stage_env(args: argparse.Namespace) -> int:
     try:
         from hydra.utils import instantiate
 
-        from evaluate.models.sources import build_tiny_tokenizer
+        from evaluate.models.random_models import build_tiny_tokenizer
         from tests.support import compose_config
 
         tokenizer = build_tiny_tokenizer()
@@ -385,7 +385,7 @@ def check_budgets(device: str, scratch: Path, smoke: bool) -> tuple[str, str]:
     from hydra.utils import instantiate
 
     from evaluate.engine.cost import measure_kept_ratio
-    from evaluate.models.sources import TinyRandomModel
+    from evaluate.models.random_models import TinyRandomModel
     from tests.support import compose_config, kept_bounds
 
     presses, scorers, cases = test_grid()
@@ -419,7 +419,7 @@ def check_eg_real_prefill(device: str, scratch: Path) -> tuple[str, str]:
     import torch
     from hydra.utils import instantiate
 
-    from evaluate.models.sources import TinyRandomModel
+    from evaluate.models.random_models import TinyRandomModel
     from tests.support import compose_config
 
     _, scorers, _ = test_grid()
@@ -469,7 +469,7 @@ def check_prefill_probe(device: str) -> tuple[str, str]:
     from transformers import DynamicCache
 
     from evaluate.engine.pipeline import PrefillProbe
-    from evaluate.models.sources import TinyRandomModel
+    from evaluate.models.random_models import TinyRandomModel
 
     model = TinyRandomModel().load_model(device, "float32", "sdpa")
     probe = PrefillProbe(model)
@@ -511,12 +511,13 @@ def ids_tokenizer(tokenizer):
 
 
 def check_batched_decoding(device: str, dtype: str, smoke: bool) -> tuple[str, str]:
-    """evaluate/engine/scheduler.py's pool against kvpress's pipeline one question at a time (tests/test_decoding.py's
-    rows: caches of five presses, uneven ChunkKV layers, AdaKV masks, three question lengths and budgets)."""
+    """evaluate/engine/decoding_pool.py's pool against kvpress's pipeline one question at a time
+    (tests/test_decoding.py's rows: caches of five presses, uneven ChunkKV layers, AdaKV masks, three question
+    lengths and budgets)."""
+    from evaluate.engine.decoding_pool import decode_all
     from evaluate.engine.pipeline import make_pipeline
-    from evaluate.engine.scheduler import decode_all
     from evaluate.models.layer_masks import fit_masks_to_layers
-    from evaluate.models.sources import TinyRandomModel
+    from evaluate.models.random_models import TinyRandomModel
     from tests.test_decoding import pipeline_tokens, requests_over_points
 
     results = []
@@ -551,9 +552,9 @@ def sweep_points() -> list[tuple[str, ...]]:
 def check_sweep(device: str, dtype: str, scratch: Path, smoke: bool) -> tuple[str, str]:
     """A sweep's shared prefill + batched decoding against one pipeline run per point (tests/test_sweep.py)."""
     from evaluate import rundir
-    from evaluate.models.sources import TinyRandomModel
+    from evaluate.models.random_models import TinyRandomModel
+    from evaluate.points.config import run_dir
     from evaluate.run import entry as sweep
-    from evaluate.spec.config import run_dir
     from tests.support import compose_config, with_shared_context
 
     original = TinyRandomModel.load_tokenizer

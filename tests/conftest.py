@@ -7,7 +7,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import pytest  # noqa: E402
 
-from evaluate.models.sources import build_tiny_tokenizer  # noqa: E402
+from evaluate.models.random_models import build_tiny_tokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -26,7 +26,7 @@ from kvpress import (
 )
 
 from evaluate.models.layer_masks import fit_masks_to_layers
-from evaluate.models.sources import TinyRandomModel
+from evaluate.models.random_models import TinyRandomModel
 from tests.support import FILLER
 
 # A random model whose answers depend on what the press kept.

@@ -17,7 +17,7 @@ from transformers import DynamicCache
 from evaluate.benchmarks import Sample
 from evaluate.benchmarks.ruler import score_predictions
 from evaluate.engine.prefill import PrefillCapture
-from evaluate.models.sources import TinyRandomModel
+from evaluate.models.random_models import TinyRandomModel
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 REPO = CONF_DIR.parent

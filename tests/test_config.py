@@ -12,9 +12,9 @@ import torch
 from hydra.errors import MissingConfigException
 
 from evaluate import rundir
-from evaluate.models.sources import TinyRandomModel
+from evaluate.models.random_models import TinyRandomModel
+from evaluate.points.config import ConfigError, attention_implementation, fingerprint, method_name, run_dir, run_name
 from evaluate.run.entry import run
-from evaluate.spec.config import ConfigError, attention_implementation, fingerprint, method_name, run_dir, run_name
 from tests.support import SharedContextBenchmark, compose_config, with_shared_context
 
 REPO = Path(__file__).resolve().parent.parent
@@ -129,7 +129,7 @@ def test_cli_prints_a_one_line_error_and_exits_2():
 def test_attention_follows_kvpress_rule_and_the_choice_splits_runs(tmp_path, monkeypatch):
     default = compose_config(tmp_path, "device=cuda")
     sdpa_name = run_name(compose_config(tmp_path, "attn_implementation=sdpa", "device=cuda"))
-    monkeypatch.setattr("evaluate.spec.config.resolve_device", lambda device: "cuda")
+    monkeypatch.setattr("evaluate.points.config.resolve_device", lambda device: "cuda")
     assert attention_implementation(default) == "sdpa" and run_name(default) == sdpa_name
     # With flash_attn importable on CUDA, kvpress's evaluate.py loads the model with flash_attention_2.
     real_find_spec = importlib.util.find_spec

@@ -6,12 +6,12 @@ from pathlib import Path
 
 from evaluate import rundir
 from evaluate.cost_schema import COST_KEYS, cost_metadata, docs_table
+from evaluate.points.config import run_dir
 from evaluate.report.build import build_report, write_report
 from evaluate.report.runs import collect_runs
 from evaluate.run.entry import run
 from evaluate.run.tracking import Tracker
 from evaluate.score.rescore import score_rows
-from evaluate.spec.config import run_dir
 from tests.support import REPO, SharedContextBenchmark, compose_config
 
 

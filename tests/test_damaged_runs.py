@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from evaluate import rundir
+from evaluate.points.config import run_dir
 from evaluate.report.cli import main as report_main
 from evaluate.report.leaderboard import main as leaderboard_main
 from evaluate.report.runs import collect_runs
 from evaluate.run.entry import run
 from evaluate.run.repair import repair
 from evaluate.score.rescore import main as score_main
-from evaluate.spec.config import run_dir
 from tests.fixtures.runs.builder import uniform, write_run
 from tests.support import compose_config, with_shared_context
 

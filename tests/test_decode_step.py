@@ -11,11 +11,11 @@ from kvpress import KnormPress
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from evaluate.engine.attention import pool_attention_active
+from evaluate.engine.decoding_pool import DecodingPool
 from evaluate.engine.requests import DecodeRequest
-from evaluate.engine.scheduler import DecodingPool
 from evaluate.engine.slot_cache import SEGMENT_COST, arrangement, segments, width_bucket
 from evaluate.models.layer_masks import fit_masks_to_layers
-from evaluate.models.sources import TinyRandomModel
+from evaluate.models.random_models import TinyRandomModel
 from tests.test_decoding import compressed
 
 

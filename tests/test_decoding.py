@@ -9,11 +9,11 @@ import torch
 from kvpress import AdaKVPress, ChunkKVPress, KnormPress, SnapKVPress
 from transformers import DynamicCache
 
+from evaluate.engine.decoding_pool import DecodingPool, decode_all
 from evaluate.engine.pipeline import make_pipeline
 from evaluate.engine.requests import DecodeRequest, hidden_keys
-from evaluate.engine.scheduler import DecodingPool, decode_all
 from evaluate.models.layer_masks import fit_masks_to_layers
-from evaluate.models.sources import TinyRandomModel
+from evaluate.models.random_models import TinyRandomModel
 
 CONTEXT = "Document 7. The grass is green and the sky is blue. The special magic number is 4242. " * 12
 QUESTIONS = ["What is the magic number? ", "Which number is the magic one? ", "Q? "]

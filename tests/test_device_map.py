@@ -5,8 +5,8 @@ import pytest
 
 from evaluate import rundir
 from evaluate.models import loading
+from evaluate.points.config import fingerprint, resolve_device, resolve_device_map, run_dir
 from evaluate.run.entry import run
-from evaluate.spec.config import fingerprint, resolve_device, resolve_device_map, run_dir
 from tests.support import compose_config, with_shared_context
 
 # Every module of the tiny Llama with parameters or buffers, each on the CPU: accelerate installs its hooks all the
@@ -55,7 +55,7 @@ def test_a_model_spread_by_a_device_map_answers_as_on_one_device(tmp_path, monke
 
 
 def test_device_auto_resolves_by_one_rule(tmp_path, monkeypatch):
-    monkeypatch.setattr("evaluate.spec.config._cuda_available", lambda: True)
+    monkeypatch.setattr("evaluate.points.config._cuda_available", lambda: True)
     monkeypatch.setenv("LOCAL_RANK", "3")
     assert resolve_device("auto") == "cuda:3"  # a process torchrun started keeps to its own GPU
     assert resolve_device_map(compose_config(tmp_path, "device=auto")) is None
@@ -64,7 +64,7 @@ def test_device_auto_resolves_by_one_rule(tmp_path, monkeypatch):
     assert resolve_device_map(compose_config(tmp_path, "device=auto")) == "auto"
     assert resolve_device("cuda:1") == "cuda:1" and resolve_device("cpu") == "cpu"
     assert resolve_device_map(compose_config(tmp_path, "device=cuda:1")) is None
-    monkeypatch.setattr("evaluate.spec.config._cuda_available", lambda: False)
+    monkeypatch.setattr("evaluate.points.config._cuda_available", lambda: False)
     assert resolve_device("auto") == "cpu"
     assert resolve_device_map(compose_config(tmp_path, "device=auto")) is None
 

@@ -17,10 +17,10 @@ from hydra._internal.utils import get_args_parser
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf, open_dict
 
-import evaluate.spec.config
+import evaluate.points.config
+from evaluate.points.config import validate_choices
+from evaluate.points.overrides import check_command_line
 from evaluate.run.entry import checked
-from evaluate.spec.config import validate_choices
-from evaluate.spec.overrides import check_command_line
 from hydra_plugins.pressbench_gpus_launcher.grids_sweeper import expand
 from tests.support import CONF_DIR
 
@@ -136,7 +136,7 @@ def test_the_docs_show_commands_of_every_entry_point():
 @pytest.mark.parametrize(("doc", "command"), all_commands())
 def test_a_documented_command_runs_as_written(doc, command, monkeypatch):
     # Composing and checking downloads nothing; a press that would download is the docs' to show.
-    monkeypatch.setattr(evaluate.spec.config, "hub_unreachable", lambda: None)
+    monkeypatch.setattr(evaluate.points.config, "hub_unreachable", lambda: None)
     module, args = argv(command)
     if module == "evaluate":
         check_evaluate(args)

@@ -7,9 +7,9 @@ from kvpress.utils import compute_n_kept
 from transformers import DynamicCache
 
 from evaluate import rundir
-from evaluate.models.sources import TinyRandomModel
+from evaluate.models.random_models import TinyRandomModel
+from evaluate.points.config import run_dir
 from evaluate.run.entry import run
-from evaluate.spec.config import run_dir
 from scorers.dropkv import DropKVPress, dropkv_scores
 from tests.support import assert_kept, compose_config, with_shared_context
 

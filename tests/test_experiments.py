@@ -13,7 +13,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from evaluate import rundir
-from evaluate.spec.config import effective_cr, method_name, run_dir
+from evaluate.points.config import effective_cr, method_name, run_dir
 from hydra_plugins.pressbench_gpus_launcher.grids_sweeper import GridsSweeper, expand
 from tests.support import CONF_DIR
 

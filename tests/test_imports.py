@@ -84,7 +84,7 @@ def test_nothing_imports_the_command_lines_and_results_never_import_their_consum
 # recorder scores with score/ and whose closing lines read results as report/ does; report/ imports no run/.
 LAYERS = (
     "evaluate.benchmarks",
-    "evaluate.spec",
+    "evaluate.points",
     "evaluate.models",
     "evaluate.engine",
     "evaluate.score",

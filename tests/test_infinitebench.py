@@ -32,12 +32,12 @@ from evaluate.benchmarks.infinitebench import (
     substring_match,
     word_match,
 )
+from evaluate.points.config import ConfigError, run_dir
 from evaluate.report.cli import main as report_main
 from evaluate.run.entry import run
 from evaluate.score.bootstrap import Decomposition, headline_interval
 from evaluate.score.rescore import main as score_main
 from evaluate.score.tables import format_task_table
-from evaluate.spec.config import ConfigError, run_dir
 from tests.support import compose_config
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

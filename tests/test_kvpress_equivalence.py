@@ -24,9 +24,9 @@ from kvpress import (
 )
 
 from evaluate import rundir
+from evaluate.points.config import method_name, run_dir
 from evaluate.registry import PRESS_REGISTRY
 from evaluate.run.entry import run, run_sweep
-from evaluate.spec.config import method_name, run_dir
 from tests.kvpress_reference import kvpress_predictions, ruler_rows, sample_ids, set_runner_knobs
 from tests.support import compose_config
 

@@ -15,8 +15,8 @@ from hydra.core.utils import JobStatus
 from submitit.core.utils import DelayedSubmission
 
 from evaluate import rundir
+from evaluate.points.config import run_dir
 from evaluate.run.entry import run, run_sweep
-from evaluate.spec.config import run_dir
 from hydra_plugins.pressbench_gpus_launcher.gpus_launcher import _combined, _outcomes, _Worker, visible_gpus
 from tests.support import SharedContextBenchmark, compose_config
 

@@ -11,7 +11,7 @@ from transformers import AttentionInterface, DynamicCache
 
 from evaluate.engine.pipeline import make_pipeline
 from evaluate.models.layer_masks import fit_masks_to_layers
-from evaluate.models.sources import TinyRandomModel
+from evaluate.models.random_models import TinyRandomModel
 
 
 def brute_force_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):

@@ -11,11 +11,11 @@ from omegaconf import open_dict
 from evaluate import rundir
 from evaluate.engine.pipeline import make_pipeline
 from evaluate.engine.teacher_forcing import answer_text, teacher_forced
-from evaluate.models.sources import TinyRandomModel
+from evaluate.models.random_models import TinyRandomModel
+from evaluate.points.config import ConfigError, fingerprint, run_dir
 from evaluate.run.entry import run, run_sweep
 from evaluate.score.likelihood import FIELDS, likelihood_metrics
 from evaluate.score.rescore import rescore_run
-from evaluate.spec.config import ConfigError, fingerprint, run_dir
 from tests.support import SharedContextBenchmark, compose_config, with_shared_context
 
 # A random model whose distributions depend on what the press kept (see TinyRandomModel).

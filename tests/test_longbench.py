@@ -32,8 +32,8 @@ from evaluate.benchmarks.longbench import (
     sample_score,
     score_predictions,
 )
+from evaluate.points.config import ConfigError
 from evaluate.score.rescore import main as score_main
-from evaluate.spec.config import ConfigError
 from tests.support import compose_config
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

@@ -22,10 +22,10 @@ from evaluate.benchmarks.longbench_e import (
     sample_score,
     score_predictions,
 )
+from evaluate.points.config import ConfigError, run_dir
 from evaluate.run.entry import run
 from evaluate.score.likelihood import likelihood_metrics
 from evaluate.score.rescore import main as score_main
-from evaluate.spec.config import ConfigError, run_dir
 from tests.support import compose_config
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

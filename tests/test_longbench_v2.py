@@ -16,11 +16,11 @@ from hydra.utils import instantiate
 
 from evaluate import rundir
 from evaluate.benchmarks.longbench_v2 import LongBenchV2, is_correct, score_predictions
+from evaluate.points.config import ConfigError, run_dir
+from evaluate.points.plan import select_fraction
 from evaluate.run.entry import run
 from evaluate.score.likelihood import likelihood_metrics
 from evaluate.score.rescore import main as score_main
-from evaluate.spec.config import ConfigError, run_dir
-from evaluate.spec.plan import select_fraction
 from tests.support import compose_config
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

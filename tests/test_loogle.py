@@ -26,8 +26,8 @@ from evaluate.benchmarks.loogle import (
     score_predictions,
     text_row_scores,
 )
+from evaluate.points.config import ConfigError
 from evaluate.score.rescore import main as score_main
-from evaluate.spec.config import ConfigError
 from tests.support import compose_config
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

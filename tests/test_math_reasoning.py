@@ -17,9 +17,9 @@ from evaluate import rundir
 from evaluate.benchmarks.aime25 import Aime25
 from evaluate.benchmarks.boxed import BoxedAnswerBenchmark, extract_boxed, score_boxed
 from evaluate.benchmarks.math500 import Math500
+from evaluate.points.config import ConfigError, run_dir
 from evaluate.run.entry import run
 from evaluate.score.rescore import main as score_main
-from evaluate.spec.config import ConfigError, run_dir
 from tests.support import compose_config
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

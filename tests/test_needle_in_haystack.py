@@ -29,6 +29,7 @@ from evaluate.benchmarks.needle_in_haystack import (
     task_name,
 )
 from evaluate.models.loading import Models
+from evaluate.points.config import ConfigError, run_dir
 from evaluate.report.build import build_report
 from evaluate.report.cli import main as report_main
 from evaluate.report.plots import needle_benchmarks, needle_grids, plot_needle_heatmap
@@ -36,7 +37,6 @@ from evaluate.report.runs import collect_runs
 from evaluate.run import entry as sweep
 from evaluate.score.rescore import main as score_main
 from evaluate.score.rescore import rescore_run
-from evaluate.spec.config import ConfigError, run_dir
 from tests.fixtures.runs.builder import write_run
 from tests.support import compose_config
 

@@ -12,11 +12,11 @@ from evaluate import rundir
 from evaluate.benchmarks import Sample
 from evaluate.errors import ConfigError
 from evaluate.models.loading import Models
+from evaluate.points.config import run_dir, run_name
+from evaluate.points.overrides import check_overrides
 from evaluate.run import entry
 from evaluate.run.entry import run, run_sweep
 from evaluate.run.summary import run_summary
-from evaluate.spec.config import run_dir, run_name
-from evaluate.spec.overrides import check_overrides
 from tests.support import SharedContextBenchmark, compose_config, evaluate_cli, with_shared_context
 
 TWO_SAMPLES = ("benchmark.tasks=[niah_single_1]", "limit=2")

@@ -4,7 +4,7 @@ the ``+`` arguments the docs and tests use still compose."""
 import pytest
 
 from evaluate.errors import ConfigError
-from evaluate.spec.overrides import check_command_line, check_overrides
+from evaluate.points.overrides import check_command_line, check_overrides
 from tests.support import CONF_DIR, compose_config
 from tests.support import evaluate_cli as cli
 

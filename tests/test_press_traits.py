@@ -9,10 +9,10 @@ from kvpress import KnormPress
 from omegaconf import OmegaConf
 
 from evaluate import rundir
+from evaluate.points.config import ConfigError, compresses, run_dir
+from evaluate.points.press_traits import needs_non_eager, why_not_shared_prefill
 from evaluate.registry import PRESS_REGISTRY
 from evaluate.run.entry import run, run_sweep
-from evaluate.spec.config import ConfigError, compresses, run_dir
-from evaluate.spec.press_traits import needs_non_eager, why_not_shared_prefill
 from tests.support import CONF_DIR, compose_config, with_shared_context
 
 # Registry entries whose whole effect is the compress call after each layer's attention.
@@ -79,7 +79,7 @@ def test_a_non_eager_press_is_refused_under_eager_before_the_model_loads(tmp_pat
 def test_every_trait_is_read_off_one_table_verified_traits_for_the_named_class_only():
     import kvpress
 
-    from evaluate.spec import press_traits
+    from evaluate.points import press_traits
     from presses.chunkkv_exact import ExactChunkKVPress
     from presses.eg_chunkkv import EntropyGatedChunkKVPress
     from scorers.dropkv import DropKVPress

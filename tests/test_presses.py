@@ -15,8 +15,8 @@ from transformers import DynamicCache
 
 from evaluate.engine.cost import measure_kept_ratio
 from evaluate.models.layer_masks import fit_masks_to_layers
-from evaluate.models.sources import TinyRandomModel
-from evaluate.spec.config import run_name
+from evaluate.models.random_models import TinyRandomModel
+from evaluate.points.config import run_name
 from presses.eg_chunkkv import EntropyGatedChunkKVPress
 from tests.support import CONF_DIR, compose_config, kept_bounds
 

@@ -6,8 +6,8 @@ import pytest
 from hydra.utils import instantiate
 from kvpress import AdaKVPress, ExpectedAttentionPress, SnapKVPress
 
+from evaluate.points.config import method_name, run_name
 from evaluate.registry import PRESS_REGISTRY, is_variant, registry_name, same_press
-from evaluate.spec.config import method_name, run_name
 from tests.support import CONF_DIR, compose_config
 
 # The axes' presses; press=registry is the method= group's (tests/test_registry_entries.py), not an axis of its own.

@@ -16,13 +16,13 @@ import pytest
 from kvpress import DecodingPress
 
 from evaluate import rundir
-from evaluate.models.sources import TinyRandomModel
+from evaluate.models.random_models import TinyRandomModel
+from evaluate.points.config import ConfigError, method_name, result_config, run_dir
+from evaluate.points.press_traits import downloads, kvpress_defect, needs_eager, needs_query_aware
 from evaluate.registry import PRESS_REGISTRY, build, knobs_read
 from evaluate.report.leaderboard import leaderboard_method
 from evaluate.report.runs import collect_runs
 from evaluate.run.entry import run, run_sweep
-from evaluate.spec.config import ConfigError, method_name, result_config, run_dir
-from evaluate.spec.press_traits import downloads, kvpress_defect, needs_eager, needs_query_aware
 from tests.kvpress_reference import UNEVEN_LAYERS, kvpress_predictions, ruler_rows, set_runner_knobs
 from tests.support import compose_config
 

@@ -17,11 +17,11 @@ from kvpress import KnormPress
 
 from evaluate import rundir
 from evaluate.benchmarks import Sample
-from evaluate.models.sources import TinyRandomModel
+from evaluate.models.random_models import TinyRandomModel
+from evaluate.points.config import ConfigError, run_dir
+from evaluate.points.plan import check_samples, select_fraction, truncate
 from evaluate.run.entry import run, run_sweep
 from evaluate.run.summary import sweep_summary
-from evaluate.spec.config import ConfigError, run_dir
-from evaluate.spec.plan import check_samples, select_fraction, truncate
 from tests.support import SharedContextBenchmark, compose_config, with_shared_context
 
 REPO = Path(__file__).resolve().parent.parent

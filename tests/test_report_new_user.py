@@ -7,6 +7,7 @@ import json
 import pytest
 import yaml
 
+from evaluate.points.config import run_dir
 from evaluate.report import cli, plots
 from evaluate.report.build import build_report
 from evaluate.report.cli import main
@@ -17,7 +18,6 @@ from evaluate.run.summary import run_summary
 from evaluate.score.baseline import baseline_key, is_baseline
 from evaluate.score.bootstrap import mean_interval
 from evaluate.score.likelihood import likelihood_metrics
-from evaluate.spec.config import run_dir
 from tests.fixtures.runs.builder import ruler_benchmark, uniform, write_run
 from tests.support import compose_config, with_shared_context
 

@@ -768,8 +768,8 @@ def test_default_config_runs_all_13_tasks_without_qa_data(tmp_path):
 
 def test_a_run_without_qa_data_records_the_skip_in_metrics_json(tmp_path):
     from evaluate import rundir
+    from evaluate.points.config import run_dir
     from evaluate.run.entry import run
-    from evaluate.spec.config import run_dir
     from tests.support import compose_config
 
     cfg = compose_config(

@@ -14,15 +14,15 @@ import torch
 
 from evaluate import rundir
 from evaluate.engine import model_runner
+from evaluate.engine.decoding_pool import DecodingPool
 from evaluate.engine.prefill import PrefillCapture
 from evaluate.engine.requests import DecodeRequest, Prefilled
-from evaluate.engine.scheduler import DecodingPool
 from evaluate.errors import RunIncomplete
+from evaluate.points.config import run_dir
 from evaluate.report.runs import unfinished
 from evaluate.run import recorder as recorder_module
 from evaluate.run.entry import command, run, run_sweep
 from evaluate.run.summary import interrupted_summary
-from evaluate.spec.config import run_dir
 from tests.support import compose_config, with_shared_context
 
 
@@ -185,7 +185,7 @@ def test_memory_budgets_from_zero_up_admit_every_row_and_each_loop_ends(cache_an
     pool = DecodingPool(model, batch_size=4, memory_bytes=memory_bytes)
     finished, steps = [], 0
     # The engine's loop: submit while there is room, step otherwise; each step must make progress.
-    with caplog.at_level(logging.WARNING, logger="evaluate.engine.scheduler"):
+    with caplog.at_level(logging.WARNING, logger="evaluate.engine.decoding_pool"):
         for index, question in enumerate(questions * 3):
             while pool.busy() and not pool.has_room():
                 finished += pool.step()

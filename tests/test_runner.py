@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from evaluate import rundir
+from evaluate.points.config import method_name, run_dir
 from evaluate.run.entry import run
 from evaluate.run.summary import run_summary
 from evaluate.score.rescore import main as score_main
-from evaluate.spec.config import method_name, run_dir
 from tests.support import SharedContextBenchmark, assert_kept, compose_config, with_shared_context
 
 PRESSES = ["topk", "chunkkv", "chunkkv_exact", "eg_chunkkv", "adakv"]
@@ -138,7 +138,7 @@ def test_finished_run_is_not_redone_unless_overwrite(tmp_path, capsys, monkeypat
     predictions = run_dir(cfg) / rundir.PREDICTIONS
     before = predictions.read_text()
 
-    from evaluate.models.sources import TinyRandomModel
+    from evaluate.models.random_models import TinyRandomModel
 
     def no_model(*args, **kwargs):
         raise AssertionError("a complete run must not load the model")

@@ -7,12 +7,12 @@ from omegaconf import OmegaConf
 
 from evaluate import rundir
 from evaluate.errors import ConfigError
+from evaluate.points.config import fingerprint, run_dir
+from evaluate.points.shard import Shard, parse_shard, resolve_shard
 from evaluate.report.runs import ReportError, read_run
 from evaluate.run import recorder
 from evaluate.run.entry import run_sweep
 from evaluate.run.summary import sweep_summary
-from evaluate.spec.config import fingerprint, run_dir
-from evaluate.spec.shard import Shard, parse_shard, resolve_shard
 from tests.support import compose_config
 
 POINTS = [("press=none", "cr=0"), ("press=eg_chunkkv", "cr=0.6"), ("press=topk", "scorer=knorm", "cr=0.3")]

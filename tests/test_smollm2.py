@@ -3,8 +3,8 @@
 import pytest
 
 from evaluate import rundir
+from evaluate.points.config import run_dir
 from evaluate.run.entry import run
-from evaluate.spec.config import run_dir
 from tests.support import compose_config
 
 pytestmark = pytest.mark.slow

@@ -17,7 +17,7 @@ import pytest
 
 from evaluate.benchmarks import ruler, sources
 from evaluate.benchmarks.ruler import Ruler
-from evaluate.spec.config import ConfigError
+from evaluate.points.config import ConfigError
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 RULER_ROWS = FIXTURES / "ruler_4096.jsonl"

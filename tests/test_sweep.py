@@ -10,12 +10,12 @@ from transformers import DynamicCache
 
 from evaluate import rundir
 from evaluate.engine.prefill import compressed_cache
-from evaluate.models.sources import TinyRandomModel
+from evaluate.models.random_models import TinyRandomModel
+from evaluate.points.config import run_dir
+from evaluate.points.plan import make_plan
+from evaluate.points.point import resolve
+from evaluate.points.press_traits import why_not_shared_prefill
 from evaluate.run.entry import run, run_sweep
-from evaluate.spec.config import run_dir
-from evaluate.spec.plan import make_plan
-from evaluate.spec.point import resolve
-from evaluate.spec.press_traits import why_not_shared_prefill
 from tests.support import captured_prefill, compose_config, with_shared_context
 
 PRESSES = ("topk", "chunkkv", "chunkkv_exact", "eg_chunkkv", "adakv")

@@ -14,10 +14,10 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import open_dict
 
 from evaluate.benchmarks.ruler import Ruler
+from evaluate.points.config import ConfigError
 from evaluate.run.tracking import Tracker
 from evaluate.score.likelihood import FIELDS as LIKELIHOOD_FIELDS
 from evaluate.score.rescore import score_rows
-from evaluate.spec.config import ConfigError
 from hydra_plugins.pressbench_sweep_launcher.sweep_launcher import group_by_sweep
 from tests.fixtures.runs.builder import uniform, write_run
 from tests.support import compose_config

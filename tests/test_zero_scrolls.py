@@ -19,13 +19,13 @@ from hydra.utils import instantiate
 from evaluate import rundir
 from evaluate.benchmarks import zero_scrolls
 from evaluate.benchmarks.zero_scrolls import TASKS, ZeroScrolls, score_predictions, submission_csv
+from evaluate.points.config import ConfigError, run_dir
+from evaluate.points.plan import select_fraction
 from evaluate.report.cli import main as report_main
 from evaluate.run.entry import run
 from evaluate.score.bootstrap import sample_scores
 from evaluate.score.rescore import main as score_main
 from evaluate.score.tables import format_task_table
-from evaluate.spec.config import ConfigError, run_dir
-from evaluate.spec.plan import select_fraction
 from tests.support import compose_config
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

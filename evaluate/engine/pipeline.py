@@ -14,9 +14,9 @@ from transformers import DynamicCache
 
 from evaluate.benchmarks import Sample
 from evaluate.engine.cost import Cost, kv_bytes, measure_kept_ratio
+from evaluate.engine.decoding_pool import DecodingPool
 from evaluate.engine.devices import input_device, synchronizer
 from evaluate.engine.requests import AnsweredGroup, hidden_keys
-from evaluate.engine.scheduler import DecodingPool
 from evaluate.engine.teacher_forcing import (
     forcing_pool,
     likelihood_fields,
@@ -25,7 +25,7 @@ from evaluate.engine.teacher_forcing import (
     teacher_forced,
 )
 from evaluate.errors import ConfigError
-from evaluate.spec.plan import Plan
+from evaluate.points.plan import Plan
 
 logger = logging.getLogger(__name__)
 

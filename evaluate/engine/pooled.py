@@ -1,7 +1,7 @@
 """The pooled path: each context prefilled once, compressed at batch 1 for every point, decoded in one pool.
 
 Prefill and compression stay at batch 1, where they are exact (evaluate/engine/prefill.py); every compressed cache
-then joins one decoding pool (evaluate/engine/scheduler.py) with every other context's and point's, and each point's
+then joins one decoding pool (evaluate/engine/decoding_pool.py) with every other context's and point's, and each point's
 answers on a context are given back as soon as its last question is answered.
 
 Contexts are prefilled ahead only while the pool has room (``decode_batch_size`` waiting rows, ``decode_memory``
@@ -17,14 +17,14 @@ from transformers import DynamicCache
 
 from evaluate.benchmarks import Sample
 from evaluate.engine.cost import Cost, kv_bytes, measure_kept_ratio
+from evaluate.engine.decoding_pool import DecodingPool
 from evaluate.engine.devices import cuda_devices, input_device
 from evaluate.engine.pipeline import chat_template_enabled, make_pipeline, pipeline_budget
 from evaluate.engine.prefill import PrefillCapture, QuestionIds, RandomStream, clear_masks, compressed_cache
 from evaluate.engine.requests import AnsweredGroup, DecodeRequest, Prefilled, RowCost, hidden_keys
-from evaluate.engine.scheduler import DecodingPool
 from evaluate.engine.score_memo import ScoreMemo
 from evaluate.engine.teacher_forcing import forcing_pool, likelihood_fields, reference_answer_ids, teacher_forced
-from evaluate.spec.plan import Plan
+from evaluate.points.plan import Plan
 
 
 @dataclass

@@ -16,7 +16,7 @@ pass leaves the cache as it found it, as kvpress's pipeline does after each answ
 Where they come from: the uncompressed distributions once per context and group of questions, on the context's
 uncompressed cache (in a sweep that cache is the shared prefill; on kvpress's pipeline path it costs one more
 prefill per context, :func:`reference_log_probs`); the compressed ones once per point, on the cache its press left.
-Both are teacher-forced by the decoding pool's machinery (evaluate/engine/scheduler.py), a group's rows on one
+Both are teacher-forced by the decoding pool's machinery (evaluate/engine/decoding_pool.py), a group's rows on one
 cache batched in one forward pass of fixed composition, over one slot buffer that every call reuses
 (:func:`forcing_pool`, :func:`teacher_forced` says why the composition is fixed), with AdaKV's masks carried as in
 greedy decoding. Presses that compress while decoding (DecodingPress) have no fixed cache to teacher-force, and get
@@ -27,8 +27,8 @@ computes them alone, without greedy decoding (the rows' ``prediction`` is null a
 import torch
 from transformers import DynamicCache
 
+from evaluate.engine.decoding_pool import DecodingPool
 from evaluate.engine.requests import DecodeRequest
-from evaluate.engine.scheduler import DecodingPool
 
 
 def answer_text(reference: str, answer_prefix: str) -> str:

@@ -4,6 +4,7 @@ The source classes are named here because configurations name them as ``_target_
 that path is part of every run's fingerprint.
 """
 
-from evaluate.models.sources import EmbeddedGGUFModel, HubModel, TinyRandomModel
+from evaluate.models.random_models import TinyRandomModel
+from evaluate.models.sources import EmbeddedGGUFModel, HubModel
 
 __all__ = ["EmbeddedGGUFModel", "HubModel", "TinyRandomModel"]

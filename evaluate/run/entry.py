@@ -1,6 +1,6 @@
 """Several configurations in one process: each model loaded once, each context prefilled once, one decoding pool.
 
-``run_sweep`` types, checks and resolves every configuration once (evaluate/spec/), locks its run directory, plans
+``run_sweep`` types, checks and resolves every configuration once (evaluate/points/), locks its run directory, plans
 it and answers it on its model: through the pooled path (evaluate/engine/pooled.py) where the press acts only after
 each layer's attention and ``decode_batch_size`` is above 1, else through kvpress's pipeline
 (evaluate/engine/pipeline.py). The engines give back what they finished; this loop hands it to each point's recorder,
@@ -20,19 +20,19 @@ from transformers.utils import logging as transformers_logging
 
 from evaluate import rundir
 from evaluate.engine.attention import why_not_pooled
+from evaluate.engine.decoding_pool import decode_memory_bytes
 from evaluate.engine.pipeline import answer_with_pipeline, check_generation_fits, context_budget
 from evaluate.engine.pooled import answer_pooled
 from evaluate.engine.requests import AnsweredGroup, Prefilled
-from evaluate.engine.scheduler import decode_memory_bytes
 from evaluate.errors import ConfigError, RunIncomplete, exit_code, fail, refuse, stop_on_signals
-from evaluate.models.loading import Models, warn_if_unpatched
+from evaluate.models.loading import Models, prepare_model, warn_if_unpatched
+from evaluate.points.config import compresses, described_press, refuse_unread_knobs, validate, validate_choices
+from evaluate.points.plan import Plan, make_plan
+from evaluate.points.point import PointSpec, resolve
+from evaluate.points.press_traits import changes_the_model, why_not_shared_prefill
+from evaluate.points.settings import typed
 from evaluate.run.recorder import AnsweringClock, Recorder, describe
 from evaluate.run.summary import failed_samples, interrupted_summary, run_summary, sweep_summary, waiting_summary
-from evaluate.spec.config import compresses, described_press, refuse_unread_knobs, validate, validate_choices
-from evaluate.spec.plan import Plan, make_plan
-from evaluate.spec.point import PointSpec, resolve
-from evaluate.spec.press_traits import changes_the_model, prepare_model, why_not_shared_prefill
-from evaluate.spec.settings import typed
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 Predictions are appended per context as soon as they exist (evaluate/rundir.py makes every write crash-safe), so a
 rerun of the same command resumes where a crash stopped.
 
-A shard of a point (evaluate/spec/shard.py) writes its rows and its sessions into files of its own, and keeps the
+A shard of a point (evaluate/points/shard.py) writes its rows and its sessions into files of its own, and keeps the
 point's run.json saying which shards run, finished or are missing; the shard that answers the point's last sample
 merges every shard's rows into ``predictions.jsonl``, in the order one process writes them, and scores the point
 (:meth:`Recorder.close`). A whole run first folds in whatever an earlier sharded session left.
@@ -25,12 +25,12 @@ from evaluate.cost_schema import RunCost
 from evaluate.engine.cost import Cost
 from evaluate.engine.requests import AnsweredGroup
 from evaluate.errors import ConfigError
+from evaluate.points.config import press_sources
+from evaluate.points.plan import Plan, sample_identity
+from evaluate.points.shard import Shard
 from evaluate.run.tracking import Tracker
 from evaluate.score.rescore import score_rows
 from evaluate.score.tables import format_task_table
-from evaluate.spec.config import press_sources
-from evaluate.spec.plan import Plan, sample_identity
-from evaluate.spec.shard import Shard
 
 logger = logging.getLogger(__name__)
 
@@ -227,7 +227,7 @@ class Recorder:
                 self.stats = RunStats.resume(recorded)
                 self._write_run(self._finished_status())
             which = "" if self.shard.whole else f"shard {self.shard} of "
-            # overwrite is refused to a shard (evaluate/spec/point.py): the point is redone in one process.
+            # overwrite is refused to a shard (evaluate/points/point.py): the point is redone in one process.
             redo = (
                 "overwrite=true to redo it" if self.shard.whole else "overwrite=true without shard= to redo the point"
             )

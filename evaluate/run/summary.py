@@ -12,10 +12,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from evaluate import rundir
 from evaluate.keys import NON_RESULT_KEYS
+from evaluate.points.config import effective_cr, method_name, run_dir
+from evaluate.points.shard import resolve_shard
 from evaluate.report.runs import flatten
 from evaluate.score.baseline import is_baseline
-from evaluate.spec.config import effective_cr, method_name, run_dir
-from evaluate.spec.shard import resolve_shard
 
 # Overrides that choose the press; the uncompressed run of the same samples drops them.
 PRESS_OVERRIDES = ("press=", "press.", "scorer=", "scorer.", "cr=", "+press.", "+scorer.", "method=")
@@ -163,7 +163,7 @@ def sweep_summary(cfgs: Sequence[DictConfig], metrics: Sequence[dict | None]) ->
 
 
 def waiting_summary(cfgs: Sequence[DictConfig], metrics: Sequence[dict | None]) -> str:
-    """The points that wait for other shards (evaluate/spec/shard.py), each with the shards whose samples are
+    """The points that wait for other shards (evaluate/points/shard.py), each with the shards whose samples are
     missing and whether they still run, as its run.json says; empty when none waits."""
     lines = []
     for cfg, result in zip(cfgs, metrics, strict=True):

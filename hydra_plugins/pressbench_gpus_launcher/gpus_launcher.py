@@ -1,6 +1,6 @@
 """``hydra/launcher=gpus``: a multirun's jobs in parallel on one node, one worker process per visible GPU.
 
-A thin wrapper over sharding (evaluate/spec/shard.py), as ``torchrun --nproc-per-node N -m evaluate -m ...`` is: with
+A thin wrapper over sharding (evaluate/points/shard.py), as ``torchrun --nproc-per-node N -m evaluate -m ...`` is: with
 N visible GPUs, worker i runs every point of the sweep on shard i/N of the contexts, so each context is prefilled
 once on the node and the last shard to finish a point scores it. Each worker is a fresh Python process started with
 ``CUDA_VISIBLE_DEVICES=<its GPU>``, so it sees exactly one device, as ``cuda:0``, before anything imports torch.
@@ -102,10 +102,10 @@ class GpusLauncher(Launcher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         # The harness (torch, kvpress) is imported only when a sweep runs: Hydra imports plugins for every command.
         from evaluate.errors import ConfigError, refuse
+        from evaluate.points.config import validate_choices
+        from evaluate.points.shard import Shard
         from evaluate.run.entry import checked
         from evaluate.rundir import remove_created
-        from evaluate.spec.config import validate_choices
-        from evaluate.spec.shard import Shard
 
         setup_globals()
         assert self.config is not None and self.hydra_context is not None
@@ -129,7 +129,7 @@ class GpusLauncher(Launcher):
             remove_created(self.created)  # and leaves no sweep folder behind
             refuse(error)
         log_dir.mkdir(parents=True, exist_ok=True)
-        # Every worker runs every point, on its shard of the contexts (evaluate/spec/shard.py).
+        # Every worker runs every point, on its shard of the contexts (evaluate/points/shard.py).
         count = max(1, len(devices))
         with tempfile.TemporaryDirectory(prefix="pressbench-gpus-") as scratch:
             workers = []

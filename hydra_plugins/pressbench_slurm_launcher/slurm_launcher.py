@@ -2,7 +2,7 @@
 
 With ``shards: null`` this is hydra-submitit-launcher as it is: one array task per job (point). With ``shards: N``
 the sweep is submitted as N array tasks, and task i runs every point of the sweep on its shard of the contexts
-(evaluate/spec/shard.py), so each context is prefilled once on the cluster; with ``tasks_per_node: T`` each task's
+(evaluate/points/shard.py), so each context is prefilled once on the cluster; with ``tasks_per_node: T`` each task's
 ``srun`` ranks split its share again, for N x T shards in all, each rank on its own GPU (``LOCAL_RANK``). The last
 shard to finish a point scores it. Near its time limit, or when preempted, a task is requeued with the same
 arguments and resumes its shard from its own predictions (submitit's checkpoint, as for one point per task).
@@ -66,7 +66,7 @@ class ShardJob:
         environment = submitit.JobEnvironment()
         Singleton.set_state(singleton_state)
         setup_globals()
-        # Each srun rank on its own GPU (evaluate/spec/config.py:resolve_device reads LOCAL_RANK).
+        # Each srun rank on its own GPU (evaluate/points/config.py:resolve_device reads LOCAL_RANK).
         os.environ["LOCAL_RANK"] = str(environment.local_rank)
         shard = f"{task * environment.num_tasks + environment.global_rank}/{shards * environment.num_tasks}"
         sweep_configs, task_configs = compose_jobs(self.hydra_context, self.config, job_overrides, initial_job_idx)

@@ -1,6 +1,6 @@
 """Everything decided about one configuration before its model loads: the plan of a run.
 
-``make_plan`` takes a resolved point (evaluate/spec/point.py), builds its benchmark, model source and press, loads
+``make_plan`` takes a resolved point (evaluate/points/point.py), builds its benchmark, model source and press, loads
 its samples and reads what an earlier session already answered, in one step and without writing anything; the
 resulting :class:`Plan` does not change while the run executes (the engine answers, evaluate/run/recorder.py
 writes).
@@ -20,9 +20,9 @@ from omegaconf import DictConfig
 from evaluate import rundir
 from evaluate.benchmarks import Sample
 from evaluate.errors import ConfigError
-from evaluate.spec.config import build_press, press_sources, validate_context_lengths
-from evaluate.spec.point import PointSpec
-from evaluate.spec.press_traits import compressed_suffix, decodes_per_sample, why_not_teacher_forced
+from evaluate.points.config import build_press, press_sources, validate_context_lengths
+from evaluate.points.point import PointSpec
+from evaluate.points.press_traits import compressed_suffix, decodes_per_sample, why_not_teacher_forced
 
 
 def context_id(context: str) -> str:
@@ -171,7 +171,7 @@ class Plan:
 
     ``kept_rows`` are the prediction rows of earlier sessions that stay, every shard's (none under ``overwrite``;
     failed ones are dropped under ``retry_errors``); ``share`` are the samples this process answers, all of them
-    unless it is one shard of several (evaluate/spec/shard.py); ``todo`` are those of them still to answer, in
+    unless it is one shard of several (evaluate/points/shard.py); ``todo`` are those of them still to answer, in
     source order.
     """
 

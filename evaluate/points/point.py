@@ -11,7 +11,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from evaluate.errors import ConfigError
-from evaluate.spec.config import (
+from evaluate.points.config import (
     attention_implementation,
     effective_cr,
     fingerprint,
@@ -21,7 +21,7 @@ from evaluate.spec.config import (
     resolve_device_map,
     run_dir,
 )
-from evaluate.spec.shard import Shard, resolve_shard
+from evaluate.points.shard import Shard, resolve_shard
 
 
 @dataclass(frozen=True)

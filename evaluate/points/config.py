@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from evaluate import registry, rundir
 from evaluate.errors import ConfigError
 from evaluate.keys import NON_RESULT_KEYS
-from evaluate.spec.press_traits import (
+from evaluate.points.press_traits import (
     changes_the_model,
     downloads,
     kvpress_defect,

@@ -6,7 +6,6 @@ needs one means one row.
 from dataclasses import dataclass
 from functools import cache
 
-import torch
 from kvpress import (
     AdaKVPress,
     BasePress,
@@ -200,14 +199,6 @@ def compressed_suffix(press: BasePress | None) -> str:
 
 # FinchPress.update_model_and_tokenizer's default, which kvpress's runner uses.
 FINCH_DELIMITER = "<|finch_sep|>"
-
-
-def prepare_model(press: BasePress | None, model, tokenizer, seed: int) -> None:
-    """What kvpress's runner does to a freshly loaded model and tokenizer before a press's run (Finch's token)."""
-    if isinstance(press, FinchPress):
-        # Resizing the embeddings draws the new row at random: seeded, so that a run is reproducible.
-        torch.manual_seed(seed)
-        press.update_model_and_tokenizer(model, tokenizer, FINCH_DELIMITER)
 
 
 def why_not_teacher_forced(press: BasePress | None) -> str | None:
