@@ -122,3 +122,13 @@ def test_the_readers_load_neither_torch_nor_kvpress():
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_docs_layout_names_every_module_and_script():
+    """docs/layout.md is where a newcomer finds a concept: every module of evaluate/ and every script is in it."""
+    layout = (REPO / "docs" / "layout.md").read_text(encoding="utf-8")
+    modules = [path for path in (REPO / "evaluate").rglob("*.py") if path.name != "__init__.py"]
+    modules = [path for path in modules if not path.parent.name.endswith("_data")]  # benchmark data, not code
+    scripts = [path for path in (REPO / "scripts").iterdir() if path.is_file()]
+    unnamed = [str(path.relative_to(REPO)) for path in [*modules, *scripts] if f"`{path.name}`" not in layout]
+    assert not unnamed
