@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 
 import torch
 from transformers import DynamicCache
@@ -185,6 +186,20 @@ def make_pipeline(model, tokenizer, device: str):
 
     placement = None if hasattr(model, "hf_device_map") else torch.device(device)
     return KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer, device=placement)
+
+
+class PipelineEngine:
+    """kvpress's pipeline path behind the engine interface the run asks both paths through (the pooled one is
+    :class:`evaluate.engine.pooled.PoolEngine`): each point after the other, one context group at a time."""
+
+    def __init__(self, model, tokenizer):
+        self.model, self.tokenizer = model, tokenizer
+
+    def answer(self, plans: list[Plan], budgets: list[int]) -> Iterator[AnsweredGroup]:
+        """Yields each point's answers on each context as they are finished (``point`` indexes ``plans``)."""
+        for point, (plan, budget) in enumerate(zip(plans, budgets, strict=True)):
+            for result in answer_with_pipeline(plan, self.model, self.tokenizer, budget):
+                yield replace(result, point=point)
 
 
 def answer_with_pipeline(plan: Plan, model, tokenizer, budget: int) -> Iterator[AnsweredGroup]:

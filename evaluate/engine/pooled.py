@@ -108,115 +108,170 @@ def _failed(point: int, group: list[Sample], failure: Exception, cost: Cost) -> 
     return AnsweredGroup(point, group, [None] * len(group), None, None, cost, failure=failure)
 
 
-def answer_pooled(
-    plans: list[Plan], model, tokenizer, max_contexts: list[int], batch_size: int, memory_bytes: int
-) -> Iterator[AnsweredGroup | Prefilled]:
-    """Prefill each distinct context once, compress it for every point that needs it, and decode in one pool;
-    yields each point's answers on each context as they are finished (a failed context's with its failure), and
-    after each context's prefill and compression, how many are done."""
-    pipe = make_pipeline(model, tokenizer, plans[0].spec.device)
-    ids_device = input_device(model)
-    language_model = model.model
-    layers = language_model.layers
-    for layer in layers:
-        # What kvpress's press context manager sets up before compressing.
-        layer.self_attn.rotary_emb = language_model.rotary_emb
-    for plan in plans:
-        if plan.press is not None:
-            plan.press.post_init_from_model(model)
+class PoolLoop:
+    """The engine's loop over the decoding pool: submit a group's rows, then step (schedule, execute, update) until
+    groups complete; each step gives back the groups it completed, and a failed pass every unanswered group with
+    the failure (it leaves the rows it served in an unknown state)."""
 
-    work: dict[tuple, list[tuple[int, Plan, list[Sample]]]] = {}
-    for point, (plan, max_context) in enumerate(zip(plans, max_contexts, strict=True)):
-        for group in plan.groups():
-            work.setdefault(_work_key(plan, group, tokenizer, max_context), []).append((point, plan, group))
-    # Contexts in kvpress's order (Plan.groups sorts by the compressed text), each point drawing from its own stream.
-    work = dict(sorted(work.items(), key=lambda item: item[0][0]))
-    streams = [RandomStream(plan.cfg.seed, cuda_devices(model)) for plan in plans]
+    def __init__(self, pool: DecodingPool):
+        self.pool = pool
+        self.outstanding: list[GroupAnswers] = []
 
-    pool = DecodingPool(model, batch_size, memory_bytes)
-    forcing = forcing_pool(model)
-    outstanding: list[GroupAnswers] = []
+    def submit(self, answers: GroupAnswers, requests: list[DecodeRequest]) -> None:
+        self.outstanding.append(answers)
+        for request in requests:
+            self.pool.submit(request)
 
-    def step() -> list[AnsweredGroup]:
-        """One pool step; the groups it completed, or, when the pass failed, every unanswered group with the
-        failure (a failed pass leaves the rows it served in an unknown state)."""
+    def full(self) -> bool:
+        """Whether the pool must step before it takes more (it has rows and no room)."""
+        return self.pool.busy() and not self.pool.has_room()
+
+    def busy(self) -> bool:
+        return self.pool.busy()
+
+    def step(self) -> list[AnsweredGroup]:
         try:
-            finished = pool.step()
+            finished = self.pool.step()
         except Exception as failure:
-            pool.abandon()
-            failed = [replace(answers.result, failure=failure) for answers in outstanding]
-            outstanding.clear()
+            self.pool.abandon()
+            failed = [replace(answers.result, failure=failure) for answers in self.outstanding]
+            self.outstanding.clear()
             return failed
         for row in finished:
             answers, index = row.tag
             answers.arrive(index, row.output, row.cost)
-        complete = [answers.result for answers in outstanding if answers.complete]
-        outstanding[:] = [answers for answers in outstanding if not answers.complete]
+        complete = [answers.result for answers in self.outstanding if answers.complete]
+        self.outstanding[:] = [answers for answers in self.outstanding if not answers.complete]
         return complete
 
-    for done, ((text, answer_prefix, max_new_tokens, chat_template, budget), members) in enumerate(work.items()):
-        yield Prefilled(done, len(work))
-        while pool.busy() and not pool.has_room():
-            yield from step()
+
+@dataclass
+class PrefilledContext:
+    """One context prefilled once for the points that share it: its layers' captured inputs, its question ids,
+    its length, the uncompressed references its points teacher-force, and each point's share of the prefill."""
+
+    capture: PrefillCapture
+    question_ids: QuestionIds
+    length: int
+    references: dict[tuple, tuple[list, Cost]]
+    prefill_share: float
+    sharing: int
+
+    def cost(self, **stages: float) -> Cost:
+        """A point's share of the prefill (its time and its one forward pass), with the point's own stages."""
+        return Cost(prefill_seconds=self.prefill_share, forward_passes=1 / self.sharing, **stages)
+
+
+class PoolEngine:
+    """The pooled path (docs/layout.md's engine): each distinct context prefilled once, compressed at batch 1 for
+    every point that needs it, and every point's questions decoded in one pool. ``answer`` is the engine interface
+    the run asks both paths through (:class:`evaluate.engine.pipeline.PipelineEngine` is the other)."""
+
+    def __init__(self, model, tokenizer, batch_size: int, memory_bytes: int):
+        self.model, self.tokenizer = model, tokenizer
+        self.batch_size, self.memory_bytes = batch_size, memory_bytes
+        self.layers = model.model.layers
+
+    def answer(self, plans: list[Plan], budgets: list[int]) -> Iterator[AnsweredGroup | Prefilled]:
+        """Yields each point's answers on each context as they are finished (a failed context's with its failure;
+        ``point`` indexes ``plans``), and after each context's prefill and compression, how many are done."""
+        self._set_up(plans)
+        pipe = make_pipeline(self.model, self.tokenizer, plans[0].spec.device)
+        work = self._work(plans, budgets)
+        streams = [RandomStream(plan.cfg.seed, cuda_devices(self.model)) for plan in plans]
+        loop = PoolLoop(DecodingPool(self.model, self.batch_size, self.memory_bytes))
+        forcing = forcing_pool(self.model)
+        for done, (key, members) in enumerate(work.items()):
+            yield Prefilled(done, len(work))
+            while loop.full():
+                yield from loop.step()
+            start = time.perf_counter()
+            try:
+                context = self._prefill(pipe, forcing, key, members)
+            except Exception as failure:
+                share = Cost(prefill_seconds=(time.perf_counter() - start) / len(members))
+                yield from (_failed(point, group, failure, share) for point, _, group in members)
+                continue
+            # Scores every point of this context shares; the first point to ask pays for them.
+            scores = ScoreMemo(context.capture.captured)
+            for point, plan, group in members:
+                while loop.full():
+                    yield from loop.step()
+                yield from self._compress(loop, forcing, context, scores, streams[point], key, (point, plan, group))
+        yield Prefilled(len(work), len(work))
+        while loop.busy():
+            yield from loop.step()
+
+    def _set_up(self, plans: list[Plan]) -> None:
+        """What kvpress's press context manager sets up before compressing, and each press's model hook."""
+        for layer in self.layers:
+            layer.self_attn.rotary_emb = self.model.model.rotary_emb
+        for plan in plans:
+            if plan.press is not None:
+                plan.press.post_init_from_model(self.model)
+
+    def _work(self, plans: list[Plan], budgets: list[int]) -> dict[tuple, list[tuple[int, Plan, list[Sample]]]]:
+        """Each distinct prefill (:func:`_work_key`) with the (point, plan, group) that share it, in kvpress's order
+        (Plan.groups sorts by the compressed text)."""
+        work: dict[tuple, list[tuple[int, Plan, list[Sample]]]] = {}
+        for point, (plan, max_context) in enumerate(zip(plans, budgets, strict=True)):
+            for group in plan.groups():
+                work.setdefault(_work_key(plan, group, self.tokenizer, max_context), []).append((point, plan, group))
+        return dict(sorted(work.items(), key=lambda item: item[0][0]))
+
+    def _prefill(self, pipe, forcing: DecodingPool, key: tuple, members) -> PrefilledContext:
+        """The context's one prefill, its layer inputs captured, and the references its points teacher-force."""
+        text, answer_prefix, _, chat_template, budget = key
+        start = time.perf_counter()
+        with chat_template_enabled(self.tokenizer, chat_template):
+            context_ids = pipe.preprocess(text, [""], answer_prefix, budget)["context_ids"]
+        context_ids = context_ids.to(input_device(self.model))
+        capture = PrefillCapture(self.layers)
+        full_cache = DynamicCache()
+        with torch.no_grad(), capture:
+            self.model.model(input_ids=context_ids, past_key_values=full_cache)
+        question_ids = QuestionIds(pipe, self.tokenizer, text, answer_prefix, budget, chat_template)
+        prefill_share = (time.perf_counter() - start) / len(members)
+        length = context_ids.shape[1]
+        # Timed apart from the prefill: each second of a run's cost is in one stage only.
+        references = _references(members, forcing, self.tokenizer, full_cache, question_ids, length)
+        return PrefilledContext(capture, question_ids, length, references, prefill_share, len(members))
+
+    def _compress(
+        self, loop: PoolLoop, forcing: DecodingPool, context: PrefilledContext, scores: ScoreMemo, stream, key, member
+    ) -> Iterator[AnsweredGroup]:
+        """One point's cache of the context, its likelihood fields, and its questions submitted to the pool (or its
+        group given back at once: failed, or generate=false)."""
+        point, plan, group = member
         start = time.perf_counter()
         try:
-            with chat_template_enabled(tokenizer, chat_template):
-                context_ids = pipe.preprocess(text, [""], answer_prefix, budget)["context_ids"].to(ids_device)
-            capture = PrefillCapture(layers)
-            full_cache = DynamicCache()
-            with torch.no_grad(), capture:
-                language_model(input_ids=context_ids, past_key_values=full_cache)
-            question_ids = QuestionIds(pipe, tokenizer, text, answer_prefix, budget, chat_template)
-            prefill_share = (time.perf_counter() - start) / len(members)
-            length = context_ids.shape[1]
-            # Timed apart from the prefill: each second of a run's cost is in one stage only.
-            references = _references(members, forcing, tokenizer, full_cache, question_ids, length)
-            del full_cache
-        except Exception as failure:
-            for point, _, group in members:
-                yield _failed(point, group, failure, Cost(prefill_seconds=(time.perf_counter() - start) / len(members)))
-            continue
-        # Scores every point of this context shares; the first point to ask pays for them.
-        scores = ScoreMemo(capture.captured)
-        for point, plan, group in members:
-            while pool.busy() and not pool.has_room():
-                yield from step()
-            point_start = time.perf_counter()
-            try:
-                ids = question_ids(group, plan.cfg.query_aware)
-                with torch.no_grad(), streams[point].active():
-                    cache = compressed_cache(plan.press, layers, capture.captured, scores)
-                kept_ratio = measure_kept_ratio(model, cache, length)
-                held, kept = kv_bytes(model, cache)
-                # AdaKV's masks belong to this cache alone: they travel with its rows, and leave the modules.
-                hidden = hidden_keys([layer.self_attn for layer in layers])
-                compress_seconds = time.perf_counter() - point_start
-                likelihood, likelihood_cost = _likelihood(
-                    plan, group, forcing, tokenizer, cache, hidden, ids, length, references
-                )
-            except Exception as failure:
-                elapsed = time.perf_counter() - point_start
-                cost = Cost(prefill_seconds=prefill_share, compress_seconds=elapsed, forward_passes=1 / len(members))
-                yield _failed(point, group, failure, cost)
-                continue
-            finally:
-                clear_masks(layers)
-            cost = Cost(
-                prefill_seconds=prefill_share,
-                compress_seconds=compress_seconds,
-                forward_passes=1 / len(members),
-                kv_bytes_held=held,
-                kv_bytes_kept=kept,
+            ids = context.question_ids(group, plan.cfg.query_aware)
+            with torch.no_grad(), stream.active():
+                cache = compressed_cache(plan.press, self.layers, context.capture.captured, scores)
+            kept_ratio = measure_kept_ratio(self.model, cache, context.length)
+            held, kept = kv_bytes(self.model, cache)
+            # AdaKV's masks belong to this cache alone: they travel with its rows, and leave the modules.
+            hidden = hidden_keys([layer.self_attn for layer in self.layers])
+            compress_seconds = time.perf_counter() - start
+            likelihood, likelihood_cost = _likelihood(
+                plan, group, forcing, self.tokenizer, cache, hidden, ids, context.length, context.references
             )
-            cost = cost + likelihood_cost
-            result = AnsweredGroup(point, group, [None] * len(group), kept_ratio, length, cost, likelihood)
-            if not plan.cfg.generate:
-                yield result
-                continue
-            answers = GroupAnswers(result, tokenizer, pending=len(ids))
-            outstanding.append(answers)
-            for index, question in enumerate(ids):
-                pool.submit(DecodeRequest(cache, question, length, max_new_tokens, hidden, tag=(answers, index)))
-    yield Prefilled(len(work), len(work))
-    while pool.busy():
-        yield from step()
+        except Exception as failure:
+            elapsed = time.perf_counter() - start
+            yield _failed(point, group, failure, context.cost(compress_seconds=elapsed))
+            return
+        finally:
+            clear_masks(self.layers)
+        cost = context.cost(compress_seconds=compress_seconds, kv_bytes_held=held, kv_bytes_kept=kept)
+        cost = cost + likelihood_cost
+        result = AnsweredGroup(point, group, [None] * len(group), kept_ratio, context.length, cost, likelihood)
+        if not plan.cfg.generate:
+            yield result
+            return
+        max_new_tokens = key[2]
+        answers = GroupAnswers(result, self.tokenizer, pending=len(ids))
+        requests = [
+            DecodeRequest(cache, question, context.length, max_new_tokens, hidden, tag=(answers, index))
+            for index, question in enumerate(ids)
+        ]
+        loop.submit(answers, requests)

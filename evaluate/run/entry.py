@@ -21,8 +21,8 @@ from transformers.utils import logging as transformers_logging
 from evaluate import rundir
 from evaluate.engine.attention import why_not_pooled
 from evaluate.engine.decoding_pool import decode_memory_bytes
-from evaluate.engine.pipeline import answer_with_pipeline, check_generation_fits, context_budget
-from evaluate.engine.pooled import answer_pooled
+from evaluate.engine.pipeline import PipelineEngine, check_generation_fits, context_budget
+from evaluate.engine.pooled import PoolEngine
 from evaluate.engine.requests import AnsweredGroup, Prefilled
 from evaluate.errors import ConfigError, RunIncomplete, exit_code, fail, refuse, stop_on_signals
 from evaluate.models.loading import Models, prepare_model, warn_if_unpatched
@@ -279,20 +279,22 @@ def _answer(pending: list[Recorder], model, tokenizer) -> None:
     for recorder in pending:
         recorder.note_path(*answer_path(recorder.plan, model))
     in_pool = [recorder for recorder in pending if recorder.path == "pool"]
-    for recorder, budget in zip(pending, budgets, strict=True):
-        if recorder not in in_pool:
-            _record(answer_with_pipeline(recorder.plan, model, tokenizer, budget), [recorder], recorder.plan.out.name)
+    engines = {"pipeline": PipelineEngine(model, tokenizer)}
     if in_pool:
-        answered = answer_pooled(
-            [recorder.plan for recorder in in_pool],
+        engines["pool"] = PoolEngine(
             model,
             tokenizer,
-            [budgets[pending.index(recorder)] for recorder in in_pool],
             # Points may ask for different sizes (neither changes a prediction): the smallest holds for all.
             min(recorder.plan.cfg.decode_batch_size for recorder in in_pool),
             min(decode_memory_bytes(recorder.plan.cfg.decode_memory, model) for recorder in in_pool),
         )
-        _record(answered, in_pool, "answering")
+    # Both engines are asked the same way, for the points they serve with their context budgets; kvpress's pipeline
+    # answers one point after the other, each under its own progress bar and clock.
+    batches = [([recorder], recorder.plan.out.name) for recorder in pending if recorder.path == "pipeline"]
+    batches += [(in_pool, "answering")] if in_pool else []
+    for served, label in batches:
+        plans, served_budgets = [r.plan for r in served], [budgets[pending.index(r)] for r in served]
+        _record(engines[served[0].path].answer(plans, served_budgets), served, label)
 
 
 def _record(answered: Iterator[AnsweredGroup | Prefilled], recorders: list[Recorder], label: str) -> None:
