@@ -232,11 +232,10 @@ def previous_rows(spec: PointSpec) -> list[dict]:
             f"{out} holds predictions of a different configuration; pass overwrite=true to discard them "
             "or output_dir=... to keep both"
         )
-    sources, answered_with = press_sources(cfg), (recorded or {}).get("sources") or {}
-    changed = [
-        name for name in sorted(set(sources) | set(answered_with)) if sources.get(name) != answered_with.get(name)
-    ]
-    if answered_with and changed:
+    answered_with = (recorded or {}).get("sources") or {}
+    sources = press_sources(cfg) if answered_with else {}
+    changed = sorted(name for name in set(sources) | set(answered_with) if sources.get(name) != answered_with.get(name))
+    if changed:
         name = changed[0]
         raise ConfigError(
             f"{out} was answered by other code of its press: {name} was {answered_with.get(name) or 'absent'}, is "

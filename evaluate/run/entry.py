@@ -279,22 +279,22 @@ def _answer(pending: list[Recorder], model, tokenizer) -> None:
     for recorder in pending:
         recorder.note_path(*answer_path(recorder.plan, model))
     in_pool = [recorder for recorder in pending if recorder.path == "pool"]
-    engines = {"pipeline": PipelineEngine(model, tokenizer)}
+    # Both engines are asked the same way, for the points they serve with their context budgets; kvpress's pipeline
+    # answers one point after the other, each under its own progress bar and clock.
+    pipeline = PipelineEngine(model, tokenizer)
+    batches = [(pipeline, [r], r.plan.out.name) for r in pending if r.path == "pipeline"]
     if in_pool:
-        engines["pool"] = PoolEngine(
+        pool = PoolEngine(
             model,
             tokenizer,
             # Points may ask for different sizes (neither changes a prediction): the smallest holds for all.
             min(recorder.plan.cfg.decode_batch_size for recorder in in_pool),
             min(decode_memory_bytes(recorder.plan.cfg.decode_memory, model) for recorder in in_pool),
         )
-    # Both engines are asked the same way, for the points they serve with their context budgets; kvpress's pipeline
-    # answers one point after the other, each under its own progress bar and clock.
-    batches = [([recorder], recorder.plan.out.name) for recorder in pending if recorder.path == "pipeline"]
-    batches += [(in_pool, "answering")] if in_pool else []
-    for served, label in batches:
+        batches.append((pool, in_pool, "answering"))
+    for engine, served, label in batches:
         plans, served_budgets = [r.plan for r in served], [budgets[pending.index(r)] for r in served]
-        _record(engines[served[0].path].answer(plans, served_budgets), served, label)
+        _record(engine.answer(plans, served_budgets), served, label)
 
 
 def _record(answered: Iterator[AnsweredGroup | Prefilled], recorders: list[Recorder], label: str) -> None:
