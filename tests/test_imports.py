@@ -132,3 +132,19 @@ def test_docs_layout_names_every_module_and_script():
     scripts = [path for path in (REPO / "scripts").iterdir() if path.is_file()]
     unnamed = [str(path.relative_to(REPO)) for path in [*modules, *scripts] if f"`{path.name}`" not in layout]
     assert not unnamed
+
+
+def test_nothing_below_the_run_reads_the_raw_config():
+    """The points stage turns the composed config into typed specs (evaluate/points/point.py); the stages after it
+    read those, so only points/, the run and the command hold a DictConfig or read a ``.cfg``."""
+    holders = [*LAYERS[:1], *LAYERS[2:-1]]  # benchmarks, models, engine, score, report
+    readers = []
+    for path in (REPO / "evaluate").rglob("*.py"):
+        if not in_stage(module_name(path), *holders):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.ImportFrom) else []
+            if "DictConfig" in names or (isinstance(node, ast.Attribute) and node.attr == "cfg"):
+                readers.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert not readers
+    assert in_stage("evaluate.engine.pooled", *holders) and not in_stage("evaluate.points.point", *holders)

@@ -16,8 +16,8 @@ from hydra.utils import instantiate
 
 from evaluate import rundir
 from evaluate.benchmarks.longbench_v2 import LongBenchV2, is_correct, score_predictions
+from evaluate.benchmarks.selection import select_fraction
 from evaluate.points.config import ConfigError, run_dir
-from evaluate.points.plan import select_fraction
 from evaluate.run.entry import run
 from evaluate.score.likelihood import likelihood_metrics
 from evaluate.score.rescore import main as score_main

@@ -17,9 +17,10 @@ from kvpress import KnormPress
 
 from evaluate import rundir
 from evaluate.benchmarks import Sample
+from evaluate.benchmarks.selection import check_samples, select_fraction
 from evaluate.models.random_models import TinyRandomModel
 from evaluate.points.config import ConfigError, run_dir
-from evaluate.points.plan import check_samples, select_fraction, truncate
+from evaluate.points.plan import truncate
 from evaluate.run.entry import run, run_sweep
 from evaluate.run.summary import sweep_summary
 from tests.support import SharedContextBenchmark, compose_config, with_shared_context

@@ -18,9 +18,9 @@ from hydra.utils import instantiate
 
 from evaluate import rundir
 from evaluate.benchmarks import zero_scrolls
+from evaluate.benchmarks.selection import select_fraction
 from evaluate.benchmarks.zero_scrolls import TASKS, ZeroScrolls, score_predictions, submission_csv
 from evaluate.points.config import ConfigError, run_dir
-from evaluate.points.plan import select_fraction
 from evaluate.report.cli import main as report_main
 from evaluate.run.entry import run
 from evaluate.score.bootstrap import sample_scores

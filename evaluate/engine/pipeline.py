@@ -8,7 +8,7 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 from transformers import DynamicCache
@@ -116,16 +116,16 @@ def context_budget(plan: Plan, model, tokenizer) -> tuple[int, int]:
     ``head``/``middle``: the harness cuts the raw context at ``max_context_length``, else at the model's
     ``max_position_embeddings``, before the pipeline sees it.
     """
-    cfg = plan.cfg
-    if cfg.truncation == "pipeline":
-        budget = cfg.max_context_length or pipeline_max_context_length(tokenizer)
+    spec = plan.spec
+    if spec.truncation == "pipeline":
+        budget = spec.max_context_length or pipeline_max_context_length(tokenizer)
         length = templated_context_length(make_pipeline(model, tokenizer, plan.spec.device), tokenizer)
 
         def may_exceed(sample: Sample) -> bool:
             # Counting exactly tokenizes a context again; only one that cannot fit with room to spare needs it: its
             # raw tokens, the template's, its question's UTF-8 bytes (no token is shorter than a byte) and a slack
             # for merges across the joins.
-            question = len(sample.question.encode("utf-8")) if cfg.query_aware else 0
+            question = len(sample.question.encode("utf-8")) if spec.query_aware else 0
             return plan.context_tokens[sample.context] + length("", sample.chat_template) + question + 16 > budget
 
         truncated = sum(
@@ -133,7 +133,7 @@ def context_budget(plan: Plan, model, tokenizer) -> tuple[int, int]:
             for sample in plan.samples
         )
     else:
-        budget = cfg.max_context_length or model.config.max_position_embeddings
+        budget = spec.max_context_length or model.config.max_position_embeddings
         truncated = sum(plan.context_tokens[sample.context] > budget for sample in plan.samples)
     if truncated:
         logger.warning(
@@ -141,7 +141,7 @@ def context_budget(plan: Plan, model, tokenizer) -> tuple[int, int]:
             truncated,
             len(plan.samples),
             budget,
-            cfg.truncation,
+            spec.truncation,
         )
     return budget, truncated
 
@@ -156,7 +156,7 @@ def check_generation_fits(plan: Plan, model, tokenizer) -> None:
         return
 
     def following(sample: Sample) -> str:
-        return sample.answer_prefix if plan.cfg.query_aware else sample.question + sample.answer_prefix
+        return sample.answer_prefix if plan.spec.query_aware else sample.question + sample.answer_prefix
 
     # No token is shorter than a byte, so only a sample whose bytes (and a slack for a tokenizer's added prefix)
     # could overflow needs counting.
@@ -175,7 +175,7 @@ def check_generation_fits(plan: Plan, model, tokenizer) -> None:
 
 def pipeline_budget(plan: Plan, tokenizer, budget: int) -> int:
     """The ``max_context_length`` handed to kvpress's pipeline (its default when the harness cut the context)."""
-    return budget if plan.cfg.truncation == "pipeline" else pipeline_max_context_length(tokenizer)
+    return budget if plan.spec.truncation == "pipeline" else pipeline_max_context_length(tokenizer)
 
 
 def make_pipeline(model, tokenizer, device: str):
@@ -209,31 +209,33 @@ def answer_with_pipeline(plan: Plan, model, tokenizer, budget: int) -> Iterator[
     probe = PrefillProbe(model)
     # kvpress's runner seeds once before its run: a press drawing random numbers (RandomPress, Compactor's sketch)
     # draws the same ones here.
-    torch.manual_seed(plan.cfg.seed)
+    torch.manual_seed(plan.spec.seed)
     forcing = forcing_pool(model) if plan.likelihood else None
     try:
         for group in plan.groups():
-            context = plan.context(group[0], tokenizer, budget)
             probe.reset()
             group_start = time.perf_counter()
             cache = DynamicCache()
-            text = plan.compressed_text(group[0], context)
-            questions = ["" if plan.cfg.query_aware else sample.question for sample in group]
-            max_context_length = pipeline_budget(plan, tokenizer, budget)
+            inputs = _PipelineInputs(
+                text=plan.compressed_text(group[0], plan.context(group[0], tokenizer, budget)),
+                questions=["" if plan.spec.query_aware else sample.question for sample in group],
+                answer_prefix=group[0].answer_prefix,
+                max_context_length=pipeline_budget(plan, tokenizer, budget),
+            )
             result = AnsweredGroup(0, group, [None] * len(group), None, None, Cost())
             try:
                 with chat_template_enabled(tokenizer, group[0].chat_template):
                     answers = pipe(
-                        text,
-                        questions=questions,
-                        answer_prefix=group[0].answer_prefix,
+                        inputs.text,
+                        questions=inputs.questions,
+                        answer_prefix=inputs.answer_prefix,
                         press=plan.press,
                         # generate=false: the pipeline's one token per question is its shortest way to the cache.
-                        max_new_tokens=group[0].max_new_tokens if plan.cfg.generate else 1,
-                        max_context_length=max_context_length,
+                        max_new_tokens=group[0].max_new_tokens if plan.spec.generate else 1,
+                        max_context_length=inputs.max_context_length,
                         cache=cache,
                     )["answers"]
-                if plan.cfg.generate:
+                if plan.spec.generate:
                     result.answers = answers
                 result.kept_ratio = measure_kept_ratio(model, cache, probe.context_length)
                 result.context_length = probe.context_length
@@ -251,18 +253,43 @@ def answer_with_pipeline(plan: Plan, model, tokenizer, budget: int) -> Iterator[
                 kv_bytes_kept=kept,
             )
             if plan.likelihood and result.failure is None:
-                start, passes = time.perf_counter(), probe.forward_passes
-                try:
-                    with chat_template_enabled(tokenizer, group[0].chat_template):
-                        inputs = pipe.preprocess(text, questions, group[0].answer_prefix, max_context_length)
-                    result.likelihood = pipeline_likelihood(forcing, model, plan, tokenizer, group, cache, inputs)
-                except Exception as failure:  # as on the pool's path: the group fails, named, and the run goes on
-                    result.failure = failure
-                result.cost.likelihood_seconds = time.perf_counter() - start
-                result.cost.forward_passes += probe.forward_passes - passes
+                _add_likelihood(result, forcing, pipe, probe, plan, tokenizer, cache, inputs)
             yield result
     finally:
         probe.close()
+
+
+@dataclass(frozen=True)
+class _PipelineInputs:
+    """What one call of kvpress's pipeline is given for a context group."""
+
+    text: str
+    questions: list[str]
+    answer_prefix: str
+    max_context_length: int
+
+
+def _add_likelihood(
+    result: AnsweredGroup,
+    forcing: DecodingPool,
+    pipe,
+    probe: PrefillProbe,
+    plan: Plan,
+    tokenizer,
+    cache: DynamicCache,
+    inputs: _PipelineInputs,
+) -> None:
+    """The group's likelihood fields on the cache the pipeline left, their time and passes added to its cost."""
+    start, passes = time.perf_counter(), probe.forward_passes
+    group = result.group
+    try:
+        with chat_template_enabled(tokenizer, group[0].chat_template):
+            tokens = pipe.preprocess(inputs.text, inputs.questions, inputs.answer_prefix, inputs.max_context_length)
+        result.likelihood = pipeline_likelihood(forcing, pipe.model, plan, tokenizer, group, cache, tokens)
+    except Exception as failure:  # as on the pool's path: the group fails, named, and the run goes on
+        result.failure = failure
+    result.cost.likelihood_seconds = time.perf_counter() - start
+    result.cost.forward_passes += probe.forward_passes - passes
 
 
 def pipeline_likelihood(

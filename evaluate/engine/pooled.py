@@ -58,7 +58,7 @@ def _work_key(plan: Plan, group: list[Sample], tokenizer, max_context: int) -> t
 
 def _reference_key(plan: Plan, group: list[Sample]) -> tuple:
     """What a group's uncompressed log-probabilities depend on, beside its context: its questions and answers."""
-    return plan.cfg.query_aware, tuple(sample.id for sample in group)
+    return plan.spec.query_aware, tuple(sample.id for sample in group)
 
 
 def _references(
@@ -78,7 +78,7 @@ def _references(
             continue
         start = time.perf_counter()
         answers = [reference_answer_ids(plan.benchmark, sample, tokenizer) for sample in group]
-        asked = question_ids(group, plan.cfg.query_aware)
+        asked = question_ids(group, plan.spec.query_aware)
         log_probs, passes = teacher_forced(pool, full_cache, (), asked, answers, context_length)
         sharing = wanting.count(key)
         share = Cost(likelihood_seconds=(time.perf_counter() - start) / sharing, forward_passes=passes / sharing)
@@ -178,7 +178,7 @@ class PoolEngine:
         self._set_up(plans)
         pipe = make_pipeline(self.model, self.tokenizer, plans[0].spec.device)
         work = self._work(plans, budgets)
-        streams = [RandomStream(plan.cfg.seed, cuda_devices(self.model)) for plan in plans]
+        streams = [RandomStream(plan.spec.seed, cuda_devices(self.model)) for plan in plans]
         loop = PoolLoop(DecodingPool(self.model, self.batch_size, self.memory_bytes))
         forcing = forcing_pool(self.model)
         for done, (key, members) in enumerate(work.items()):
@@ -245,7 +245,7 @@ class PoolEngine:
         point, plan, group = member
         start = time.perf_counter()
         try:
-            ids = context.question_ids(group, plan.cfg.query_aware)
+            ids = context.question_ids(group, plan.spec.query_aware)
             with torch.no_grad(), stream.active():
                 cache = compressed_cache(plan.press, self.layers, context.capture.captured, scores)
             kept_ratio = measure_kept_ratio(self.model, cache, context.length)
@@ -265,7 +265,7 @@ class PoolEngine:
         cost = context.cost(compress_seconds=compress_seconds, kv_bytes_held=held, kv_bytes_kept=kept)
         cost = cost + likelihood_cost
         result = AnsweredGroup(point, group, [None] * len(group), kept_ratio, context.length, cost, likelihood)
-        if not plan.cfg.generate:
+        if not plan.spec.generate:
             yield result
             return
         max_new_tokens = key[2]

@@ -61,12 +61,12 @@ class Models:
         spec = plan.spec
 
         def load():
-            model = plan.source.load_model(spec.device, plan.cfg.dtype, spec.attention, spec.device_map)
+            model = plan.source.load_model(spec.device, plan.spec.dtype, spec.attention, spec.device_map)
             fit_masks_to_layers(model)
             return model
 
         placement = spec.device, json.dumps(spec.device_map, sort_keys=True)
-        return self._reuse("model", (repr(plan.source), *placement, plan.cfg.dtype, spec.attention), load)
+        return self._reuse("model", (repr(plan.source), *placement, plan.spec.dtype, spec.attention), load)
 
 
 def prepare_model(press: BasePress | None, model, tokenizer, seed: int) -> None:

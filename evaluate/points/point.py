@@ -1,8 +1,10 @@
-"""One point of a run or sweep, resolved once: everything derived from its configuration that the later stages read.
+"""One point of a run or sweep, resolved once: everything of its configuration that the later stages read, typed.
 
 The run directory, the fingerprint, the method's name, the compression ratio applied, the attention, the device and
-the device map are each computed here, once per point, and every later stage (the plan, the engine, the recorder,
-the summary) reads them from the spec instead of deriving them again.
+the device map are each computed here, once per point, and the settings the engine and the recorder act on are
+copied out with their types; every later stage (the engine, the model loader, the recorder) reads the spec instead
+of the raw configuration. Only the run (evaluate/run/) keeps the composed config beside it (:class:`Point`): it
+builds the press, the benchmark and the model source from it and records it in config.yaml.
 """
 
 from dataclasses import dataclass
@@ -26,9 +28,9 @@ from evaluate.points.shard import Shard, resolve_shard
 
 @dataclass(frozen=True)
 class PointSpec:
-    """A typed and validated configuration with what is derived from it (see the module docstring)."""
+    """A typed and validated configuration with what is derived from it (see the module docstring); the settings
+    keep conf/config.yaml's names and meanings."""
 
-    cfg: DictConfig
     out: Path
     fingerprint: str
     method: str
@@ -37,7 +39,31 @@ class PointSpec:
     device: str
     device_map: dict[str, int | str] | str | None
     model_key: str
+    # How its samples are answered (the engine reads these).
+    query_aware: bool
+    generate: bool
+    likelihood: bool
+    seed: int
+    dtype: str
+    truncation: str
+    max_context_length: int | None
+    decode_batch_size: int
+    decode_memory: float | None
+    # What the run does with earlier sessions' rows and with failures (the recorder reads these).
+    overwrite: bool
+    retry_errors: bool
+    fail_fast: bool
+    wait_for_locks: bool
     shard: Shard = Shard()
+
+
+@dataclass(frozen=True)
+class Point:
+    """A point as the run holds it: the composed config (its press, benchmark and model source are built from it,
+    and config.yaml records it) beside its spec, which everything below the run reads."""
+
+    cfg: DictConfig
+    spec: PointSpec
 
 
 def resolve(cfg: DictConfig) -> PointSpec:
@@ -49,7 +75,6 @@ def resolve(cfg: DictConfig) -> PointSpec:
             "run them once without shards (one process), then shard the rest"
         )
     return PointSpec(
-        cfg=cfg,
         out=run_dir(cfg),
         fingerprint=fingerprint(cfg),
         method=method_name(cfg),
@@ -58,5 +83,18 @@ def resolve(cfg: DictConfig) -> PointSpec:
         device=resolve_device(cfg.device),
         device_map=resolve_device_map(cfg),
         model_key=model_key(cfg),
+        query_aware=cfg.query_aware,
+        generate=cfg.generate,
+        likelihood=cfg.likelihood,
+        seed=cfg.seed,
+        dtype=cfg.dtype,
+        truncation=cfg.truncation,
+        max_context_length=cfg.max_context_length,
+        decode_batch_size=cfg.decode_batch_size,
+        decode_memory=cfg.decode_memory,
+        overwrite=cfg.overwrite,
+        retry_errors=cfg.retry_errors,
+        fail_fast=cfg.fail_fast,
+        wait_for_locks=cfg.wait_for_locks,
         shard=shard,
     )

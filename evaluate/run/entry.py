@@ -11,6 +11,7 @@ import logging
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
+from pathlib import Path
 
 import torch
 from hydra.utils import instantiate
@@ -27,10 +28,11 @@ from evaluate.engine.requests import AnsweredGroup, Prefilled
 from evaluate.errors import ConfigError, RunIncomplete, exit_code, fail, refuse, stop_on_signals
 from evaluate.models.loading import Models, prepare_model, warn_if_unpatched
 from evaluate.points.config import compresses, described_press, refuse_unread_knobs, validate, validate_choices
-from evaluate.points.plan import Plan, make_plan
-from evaluate.points.point import PointSpec, resolve
+from evaluate.points.plan import Plan
+from evaluate.points.point import Point, PointSpec, resolve
 from evaluate.points.press_traits import changes_the_model, why_not_shared_prefill
 from evaluate.points.settings import typed
+from evaluate.run.planning import make_plan
 from evaluate.run.recorder import AnsweringClock, Recorder, describe
 from evaluate.run.summary import failed_samples, interrupted_summary, run_summary, sweep_summary, waiting_summary
 
@@ -39,7 +41,7 @@ logger = logging.getLogger(__name__)
 
 def answer_path(plan: Plan, model) -> tuple[str, str]:
     """Which engine answers the run, ``pool`` or kvpress's ``pipeline``, and why (logged when not the pool)."""
-    if plan.cfg.decode_batch_size == 1:
+    if plan.spec.decode_batch_size == 1:
         return "pipeline", "decode_batch_size=1 asks for kvpress's pipeline path, one question at a time"
     reason = why_not_shared_prefill(plan.press, plan.spec.attention) or why_not_pooled(model)
     if reason is not None:
@@ -47,7 +49,7 @@ def answer_path(plan: Plan, model) -> tuple[str, str]:
         return "pipeline", reason
     return "pool", (
         f"the press acts only after each layer's attention, so the context's prefill is shared and its questions "
-        f"are decoded in the pool (decode_batch_size={plan.cfg.decode_batch_size})"
+        f"are decoded in the pool (decode_batch_size={plan.spec.decode_batch_size})"
     )
 
 
@@ -79,7 +81,7 @@ def each_warning_once() -> Iterator[None]:
             handler.removeFilter(first)
 
 
-def checked(cfgs: Sequence[DictConfig], single: bool = False) -> list[PointSpec]:
+def checked(cfgs: Sequence[DictConfig], single: bool = False) -> list[Point]:
     """Each configuration typed, checked (every check that needs no model) and resolved, once: a ConfigError for the
     first that fails, or for two points that are one run (a sweep would run it twice, or race itself). Every
     launcher calls it for every point before any runs; ``single`` also refuses a knob the run's entry does not read."""
@@ -88,7 +90,7 @@ def checked(cfgs: Sequence[DictConfig], single: bool = False) -> list[PointSpec]
         validate(cfg)
         if single:
             refuse_unread_knobs(cfg)
-    specs = [resolve(cfg) for cfg in cfgs]
+    points = [Point(cfg, resolve(cfg)) for cfg in cfgs]
     ignored = sorted({float(cfg.cr) for cfg in cfgs if not compresses(cfg) and cfg.cr > 0})
     if ignored:
         logger.warning(
@@ -98,26 +100,26 @@ def checked(cfgs: Sequence[DictConfig], single: bool = False) -> list[PointSpec]
             if len(cfgs) > 1
             else "the run is recorded at cr=0",
         )
-    directories = [spec.out for spec in specs]
-    # press=none is one run at any cr: a sweep over ratios runs it once (run_specs), its baseline for every point.
-    duplicates = {str(spec.out) for spec in specs if directories.count(spec.out) > 1 and compresses(spec.cfg)}
+    directories = [point.spec.out for point in points]
+    # press=none is one run at any cr: a sweep over ratios runs it once (run_points), its baseline for every point.
+    duplicates = {str(p.spec.out) for p in points if directories.count(p.spec.out) > 1 and compresses(p.cfg)}
     if duplicates:
         raise ConfigError(
             f"the sweep runs the same configuration twice: {', '.join(sorted(duplicates))}; "
             "drop the repeats (limit, device and the like make no other run)"
         )
-    return specs
+    return points
 
 
 def run_sweep(cfgs: Sequence[DictConfig], single: bool = False) -> list[dict | None]:
-    """Run (or resume) every configuration, each checked first (:func:`checked`); see :func:`run_specs`."""
-    return run_specs(checked(cfgs, single), single)
+    """Run (or resume) every configuration, each checked first (:func:`checked`); see :func:`run_points`."""
+    return run_points(checked(cfgs, single), single)
 
 
-def run_specs(specs: Sequence[PointSpec], single: bool = False) -> list[dict | None]:
+def run_points(points: Sequence[Point], single: bool = False) -> list[dict | None]:
     """Run (or resume) every checked point; return their metrics in order (None for a point left to another).
 
-    A launcher that checked its points (:func:`checked`) hands their specs here, so nothing is checked twice. A
+    A launcher that checked its points (:func:`checked`) hands them here, so nothing is checked twice. A
     point whose run directory another process holds is left to it (or waited for, with ``wait_for_locks=true``)
     and listed at the end; a ``single`` run refuses it. Points on the same model share one model load; among
     those, the ones whose press acts only after attention share each context's prefill. SIGTERM stops it as Ctrl-C
@@ -126,6 +128,7 @@ def run_specs(specs: Sequence[PointSpec], single: bool = False) -> list[dict | N
     """
     # Our own bars track the runs; per-tensor loading bars would bury them.
     transformers_logging.disable_progress_bar()
+    specs = [point.spec for point in points]
     directories = [spec.out for spec in specs]
     models = Models()
     metrics: dict[int, dict] = {}
@@ -137,22 +140,8 @@ def run_specs(specs: Sequence[PointSpec], single: bool = False) -> list[dict | N
         with ExitStack() as held:
             held.enter_context(stop_on_signals())
             held.enter_context(each_warning_once())
-            by_model: dict[str, list[int]] = {}
-            for index, spec in enumerate(specs):
-                out = spec.out
-                if out in directories[:index]:
-                    continue  # press=none asked at several ratios: one run, whose metrics every such point gets
-                try:
-                    shard = None if spec.shard.whole else spec.shard.name
-                    held.enter_context(rundir.locked(out, wait=spec.cfg.wait_for_locks, shard=shard))
-                except rundir.RunLocked as locked:
-                    if single:
-                        raise
-                    skipped.append(f"{out} (held by {locked.holder})")
-                    continue
-                by_model.setdefault(spec.model_key, []).append(index)
-            for indices in by_model.values():
-                recorders = _run_on_one_model([specs[index] for index in indices], models)
+            for indices in _lock_by_model(specs, held, single, skipped).values():
+                recorders = _run_on_one_model([points[index] for index in indices], models)
                 metrics.update(zip(indices, (recorder.close() for recorder in recorders), strict=True))
                 incomplete += [
                     f"{recorder.plan.out}: {recorder.unanswered} samples ({recorder.environment_error})"
@@ -160,16 +149,7 @@ def run_specs(specs: Sequence[PointSpec], single: bool = False) -> list[dict | N
                     if recorder.unanswered
                 ]
     except BaseException:
-        # A point refused or failed while planning (its data is broken or changed, its predictions are damaged, its
-        # tokenizer does not load) leaves no folder that holds only the lock this sweep created, nor the empty
-        # folders above it.
-        for out, top in created.items():
-            if out.is_dir() and rundir.holds_only_locks(out):
-                rundir.remove_locks(out)
-                for folder in (out, *out.parents[: len(out.parents) - len(top.parents)]):
-                    if any(folder.iterdir()):
-                        break
-                    folder.rmdir()
+        _remove_created(created)
         raise
     if skipped:
         print(f"{len(skipped)} of {len(specs)} points were left to the processes holding them; rerun to resume them:")
@@ -180,13 +160,51 @@ def run_specs(specs: Sequence[PointSpec], single: bool = False) -> list[dict | N
             "what ran short (memory, disk, or lower decode_batch_size / decode_memory) and rerun the same command "
             "to answer them"
         )
+    _read_points_other_shards_finished(specs, metrics)
+    return [metrics.get(directories.index(spec.out)) for spec in specs]
+
+
+def _lock_by_model(specs: list[PointSpec], held: ExitStack, single: bool, skipped: list[str]) -> dict[str, list[int]]:
+    """Lock each point's run directory (held until ``held`` closes); the indices of the points locked, by model. A
+    point another process holds is listed in ``skipped`` (a ``single`` run refuses it instead)."""
+    by_model: dict[str, list[int]] = {}
+    directories = [spec.out for spec in specs]
+    for index, spec in enumerate(specs):
+        out = spec.out
+        if out in directories[:index]:
+            continue  # press=none asked at several ratios: one run, whose metrics every such point gets
+        try:
+            shard = None if spec.shard.whole else spec.shard.name
+            held.enter_context(rundir.locked(out, wait=spec.wait_for_locks, shard=shard))
+        except rundir.RunLocked as locked:
+            if single:
+                raise
+            skipped.append(f"{out} (held by {locked.holder})")
+            continue
+        by_model.setdefault(spec.model_key, []).append(index)
+    return by_model
+
+
+def _remove_created(created: Mapping[Path, Path]) -> None:
+    """A point refused or failed while planning (its data is broken or changed, its predictions are damaged, its
+    tokenizer does not load) leaves no folder that holds only the lock this sweep created, nor the empty folders
+    above it (``created`` maps each run directory to the topmost folder the sweep created for it)."""
+    for out, top in created.items():
+        if out.is_dir() and rundir.holds_only_locks(out):
+            rundir.remove_locks(out)
+            for folder in (out, *out.parents[: len(out.parents) - len(top.parents)]):
+                if any(folder.iterdir()):
+                    break
+                folder.rmdir()
+
+
+def _read_points_other_shards_finished(specs: list[PointSpec], metrics: dict[int, dict | None]) -> None:
+    """Another shard may have answered a point's last samples, and scored it, since this one closed it."""
     for index, spec in enumerate(specs):
         if index not in metrics or metrics[index] is not None or spec.shard.whole:
             continue
-        # Another shard may have answered the point's last samples, and scored it, since this one closed it.
         if (rundir.read_json(spec.out / rundir.RUN) or {}).get("status") in rundir.FINISHED:
             metrics[index] = rundir.read_json(spec.out / rundir.METRICS)
-    return [metrics.get(directories.index(spec.out)) for spec in specs]
 
 
 def command(
@@ -231,12 +249,11 @@ def run(cfg: DictConfig) -> dict:
     return run_sweep([cfg], single=True)[0]
 
 
-def _run_on_one_model(specs: list[PointSpec], models: Models) -> list[Recorder]:
-    cfgs = [spec.cfg for spec in specs]
-    if any(changes_the_model(described_press(cfg)) for cfg in cfgs):
+def _run_on_one_model(points: list[Point], models: Models) -> list[Recorder]:
+    if any(changes_the_model(described_press(point.cfg)) for point in points):
         models = Models()  # its own model and tokenizer, changed for this configuration alone (config.model_key)
-    tokenizer = models.tokenizer(instantiate(cfgs[0].model.source))
-    recorders = [Recorder(make_plan(spec, tokenizer)) for spec in specs]
+    tokenizer = models.tokenizer(instantiate(points[0].cfg.model.source))
+    recorders = [Recorder(make_plan(point, tokenizer), point.cfg) for point in points]
     pending = [recorder for recorder in recorders if recorder.plan.todo]
     # The model loads, and its samples are checked against it, before any session opens: a model that cannot load
     # or rows that cannot fit it leave no run directory behind (the refusal's one line, exit 2).
@@ -258,7 +275,7 @@ def _run_on_one_model(specs: list[PointSpec], models: Models) -> list[Recorder]:
 
 def _load_model(pending: list[Recorder], models: Models, tokenizer):
     """The model the pending points share, loaded with the first one's seed; each point's samples checked to fit."""
-    torch.manual_seed(pending[0].plan.cfg.seed)
+    torch.manual_seed(pending[0].plan.spec.seed)
     model = models.model(pending[0].plan)
     warn_if_unpatched(model)
     for recorder in pending:
@@ -270,7 +287,7 @@ def _answer(pending: list[Recorder], model, tokenizer) -> None:
     """Answer the pending points on their model: the pooled ones together, the others one by one through kvpress's
     pipeline."""
     for recorder in pending:
-        prepare_model(recorder.plan.press, model, tokenizer, recorder.plan.cfg.seed)
+        prepare_model(recorder.plan.press, model, tokenizer, recorder.plan.spec.seed)
     budgets = []
     for recorder in pending:
         budget, truncated = context_budget(recorder.plan, model, tokenizer)
@@ -288,8 +305,8 @@ def _answer(pending: list[Recorder], model, tokenizer) -> None:
             model,
             tokenizer,
             # Points may ask for different sizes (neither changes a prediction): the smallest holds for all.
-            min(recorder.plan.cfg.decode_batch_size for recorder in in_pool),
-            min(decode_memory_bytes(recorder.plan.cfg.decode_memory, model) for recorder in in_pool),
+            min(recorder.plan.spec.decode_batch_size for recorder in in_pool),
+            min(decode_memory_bytes(recorder.plan.spec.decode_memory, model) for recorder in in_pool),
         )
         batches.append((pool, in_pool, "answering"))
     for engine, served, label in batches:

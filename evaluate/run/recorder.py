@@ -13,12 +13,13 @@ import logging
 import resource
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from importlib.metadata import version
 
 import torch
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from evaluate import rundir
 from evaluate.cost_schema import RunCost
@@ -26,8 +27,9 @@ from evaluate.engine.cost import Cost
 from evaluate.engine.requests import AnsweredGroup
 from evaluate.errors import ConfigError
 from evaluate.points.config import press_sources
-from evaluate.points.plan import Plan, sample_identity
+from evaluate.points.plan import Plan
 from evaluate.points.shard import Shard
+from evaluate.run.planning import sample_identity
 from evaluate.run.tracking import Tracker
 from evaluate.score.rescore import score_rows
 from evaluate.score.tables import format_task_table
@@ -171,29 +173,29 @@ class AnsweringClock:
         return elapsed * stats.session_seconds / total if total else 0.0
 
 
-def config_record(plan: Plan) -> dict:
+def config_record(plan: Plan, cfg: DictConfig) -> dict:
     return {
         "method": plan.spec.method,
         "compression_ratio": plan.spec.effective_cr,
         "fingerprint": plan.spec.fingerprint,
         "press": repr(plan.press),
         # The code of a press defined outside kvpress and PressBench, which no version above identifies.
-        **({"sources": sources} if (sources := press_sources(plan.cfg)) else {}),
+        **({"sources": sources} if (sources := press_sources(cfg)) else {}),
         "device": plan.spec.device,
         "versions": {
             "python": sys.version.split()[0],
             **{name: version(name) for name in ("torch", "transformers", "kvpress", "pressbench")},
         },
         # The attention that ran, where the config left it to kvpress's rule (null).
-        "config": {**OmegaConf.to_container(plan.cfg, resolve=True), "attn_implementation": plan.spec.attention},
+        "config": {**OmegaConf.to_container(cfg, resolve=True), "attn_implementation": plan.spec.attention},
     }
 
 
 class Recorder:
     """Writes one planned run: starts its session, records each answered context, closes it with its metrics."""
 
-    def __init__(self, plan: Plan):
-        self.plan = plan
+    def __init__(self, plan: Plan, cfg: DictConfig):
+        self.plan, self.cfg = plan, cfg
         self.shard = plan.spec.shard
         if self.shard.whole:
             self.predictions, self.record_path = plan.out / rundir.PREDICTIONS, plan.out / rundir.RUN
@@ -215,7 +217,7 @@ class Recorder:
         """Make the directory match the plan (earlier rows dropped by overwrite or retry_errors) and open a session."""
         plan = self.plan
         left = rundir.shard_paths(plan.out, ".json") + rundir.shard_paths(plan.out, ".jsonl")
-        if self.shard.whole and (plan.cfg.overwrite or left):
+        if self.shard.whole and (plan.spec.overwrite or left):
             self._fold_shards()
         if not plan.todo:
             recorded = rundir.read_json(self.record_path) or {}
@@ -233,24 +235,24 @@ class Recorder:
             )
             print(f"{which}{plan.out} is already complete ({len(plan.share)} samples); pass {redo}")
             return
-        if plan.cfg.overwrite:
+        if plan.spec.overwrite:
             for name in (rundir.PREDICTIONS, rundir.METRICS, rundir.RUN, rundir.CONFIG):
                 (plan.out / name).unlink(missing_ok=True)
-        elif plan.cfg.retry_errors:
+        elif plan.spec.retry_errors:
             # The plan dropped the failed rows: the file keeps only what the plan kept.
             rundir.rewrite_predictions(self.predictions, plan.kept_rows)
-        rundir.write_yaml(plan.out / rundir.CONFIG, config_record(plan))
+        rundir.write_yaml(plan.out / rundir.CONFIG, config_record(plan, self.cfg))
         self.stats = RunStats.resume(rundir.read_json(self.record_path))
         self._write_run("running")
         self._update_point()
-        self.tracker = Tracker.from_config(plan.cfg, plan.out.name)
+        self.tracker = Tracker.from_config(self.cfg, plan.out.name)
 
     def _fold_shards(self) -> None:
         """A whole run takes over what shards left (this process holds the directory alone): their rows into
         ``predictions.jsonl`` and their sessions into run.json, so that it goes on as if one process had run them
         (under ``overwrite`` they are dropped with the rest)."""
         out = self.plan.out
-        if not self.plan.cfg.overwrite:
+        if not self.plan.spec.overwrite:
             rundir.rewrite_predictions(out / rundir.PREDICTIONS, rundir.read_all_predictions(out))
             rundir.write_json(out / rundir.RUN, self._sharded_record(out))
         rundir.remove_shard_files(out)
@@ -267,46 +269,15 @@ class Recorder:
         empty where it has none). A failed group is the failure policy's, the only one: it stops the run under
         ``fail_fast``; a failure of the machine (:func:`environment_failure`) leaves its samples unanswered for the
         rerun; any other failure records them empty, marked with the error, counted as wrong."""
-        group, answers, kept_ratio, error = result.group, result.answers, result.kept_ratio, None
+        group, error = result.group, None
         if result.failure is not None:
-            if self.plan.cfg.fail_fast:
-                raise result.failure
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-            if environment_failure(result.failure):
-                self.unanswered += len(group)
-                self.environment_error = self.environment_error or describe(result.failure)
-                logger.warning(
-                    "context of %s not answered (%s): its %d samples are left for the rerun",
-                    group[0].id,
-                    describe(result.failure),
-                    len(group),
-                )
-                self.stats.cost += result.cost
-                self._write_run("running")
+            if self._left_for_the_rerun(result):
                 return
             # One bad context must not kill a sweep: record it, count it as wrong, and go on.
             error = describe(result.failure)
             logger.warning("context of %s failed and is scored as wrong: %s", group[0].id, error)
-            answers, kept_ratio = [""] * len(group), None
-        likelihood = result.likelihood if error is None else None
-        rundir.append_predictions(
-            self.predictions,
-            (
-                {
-                    **sample_identity(sample),
-                    "prediction": answer,
-                    "max_new_tokens": sample.max_new_tokens,
-                    "compression_ratio": self.plan.spec.effective_cr,
-                    "kept_ratio": kept_ratio,
-                    "context_length": None if error else result.context_length,
-                    **sample.extra,
-                    **fields,
-                    **({"error": error} if error else {}),
-                }
-                for sample, answer, fields in zip(group, answers, likelihood or [{}] * len(group), strict=True)
-            ),
-        )
+        rundir.append_predictions(self.predictions, self._rows(result, error))
+        kept_ratio = None if error else result.kept_ratio
         self.n_errors += len(group) if error else 0
         self.stats.add(result.cost)
         if not error:
@@ -323,6 +294,44 @@ class Recorder:
             kept_ratio=kept_ratio,
             errors=self.n_errors,
         )
+
+    def _left_for_the_rerun(self, result: AnsweredGroup) -> bool:
+        """Whether a failed group is left unanswered for the rerun, as a failure of the machine is; raises it under
+        ``fail_fast``."""
+        if self.plan.spec.fail_fast:
+            raise result.failure
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        if not environment_failure(result.failure):
+            return False
+        self.unanswered += len(result.group)
+        self.environment_error = self.environment_error or describe(result.failure)
+        logger.warning(
+            "context of %s not answered (%s): its %d samples are left for the rerun",
+            result.group[0].id,
+            describe(result.failure),
+            len(result.group),
+        )
+        self.stats.cost += result.cost
+        self._write_run("running")
+        return True
+
+    def _rows(self, result: AnsweredGroup, error: str | None) -> Iterator[dict]:
+        """The group's prediction rows; a failed group's empty and marked with its ``error``."""
+        answers = [""] * len(result.group) if error else result.answers
+        likelihood = (None if error else result.likelihood) or [{}] * len(result.group)
+        for sample, answer, scores in zip(result.group, answers, likelihood, strict=True):
+            yield {
+                **sample_identity(sample),
+                "prediction": answer,
+                "max_new_tokens": sample.max_new_tokens,
+                "compression_ratio": self.plan.spec.effective_cr,
+                "kept_ratio": None if error else result.kept_ratio,
+                "context_length": None if error else result.context_length,
+                **sample.extra,
+                **scores,
+                **({"error": error} if error else {}),
+            }
 
     def stopped(self, reason: BaseException) -> None:
         """Say in run.json how this session ended early: ``interrupted`` by a signal (which one), or ``failed`` with

@@ -278,30 +278,34 @@ def difference_interval(
     same = ids_a == ids_b
     if first.headline is None or second.headline is None:
         return None
-    if first.decomposed and second.decomposed and set(first.tasks) == set(second.tasks):
-        wanted = {task: task_clusters[task] for task in first.tasks if task in task_clusters}
-        if len(wanted) == len(first.tasks):
-            a, b = first.restricted(wanted), second.restricted(wanted)
-            per_task = [(a[task], b[task]) for task in wanted]
-            values_a, values_b = _resampled_task_means(per_task, rng, resamples)
-            return PairedInterval(
-                *_percentiles(values_a - values_b, level),
-                resamples=resamples,
-                decomposed=True,
-                contexts=contexts,
-                shared_samples=len(shared),
-                same_samples=same,
-            )
-    values_a, values_b = _slow_resamples(
-        [benchmark_a, benchmark_b], [shared_a, shared_b], task_clusters, rng, resamples, "paired bootstrap"
-    )
+    decomposed = _decomposed_differences(first, second, task_clusters, rng, resamples)
+    if decomposed is None:
+        values_a, values_b = _slow_resamples(
+            [benchmark_a, benchmark_b], [shared_a, shared_b], task_clusters, rng, resamples, "paired bootstrap"
+        )
+    else:
+        values_a, values_b = decomposed
     if len(values_a) == 0:
         return None
     return PairedInterval(
         *_percentiles(values_a - values_b, level),
         resamples=len(values_a),
-        decomposed=False,
+        decomposed=decomposed is not None,
         contexts=contexts,
         shared_samples=len(shared),
         same_samples=same,
     )
+
+
+def _decomposed_differences(
+    first: Decomposition, second: Decomposition, task_clusters: dict, rng: np.random.Generator, resamples: int
+) -> list[np.ndarray] | None:
+    """Both runs' resampled headlines from their per-task means, with the same draws; None unless both headlines
+    decompose over the same tasks, each with shared contexts."""
+    if not (first.decomposed and second.decomposed and set(first.tasks) == set(second.tasks)):
+        return None
+    wanted = {task: task_clusters[task] for task in first.tasks if task in task_clusters}
+    if len(wanted) != len(first.tasks):
+        return None
+    a, b = first.restricted(wanted), second.restricted(wanted)
+    return _resampled_task_means([(a[task], b[task]) for task in wanted], rng, resamples)

@@ -18,9 +18,9 @@ def main(task_path: str, result_path: str) -> int:
         task = pickle.load(handle)
 
     try:
-        from evaluate.run.entry import run_specs
+        from evaluate.run.entry import run_points
 
-        result = {"metrics": run_specs(task["specs"])}
+        result = {"metrics": run_points(task["points"])}
     except Exception as error:
         traceback.print_exc()
         result = {"error": f"{type(error).__name__}: {error}"}

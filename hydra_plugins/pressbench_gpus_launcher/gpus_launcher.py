@@ -122,8 +122,8 @@ class GpusLauncher(Launcher):
         try:  # every point checked before any worker starts: one bad point refuses the sweep in one line
             for job in jobs:
                 validate_choices(job.sweep_config.hydra.runtime.choices)
-            specs = checked([OmegaConf.create(job.resolved) for job in jobs])
-            if len(devices) > 1 and any(not spec.shard.whole for spec in specs):
+            points = checked([OmegaConf.create(job.resolved) for job in jobs])
+            if len(devices) > 1 and any(not point.spec.shard.whole for point in points):
                 raise ConfigError("hydra/launcher=gpus shards the sweep over the GPUs itself: drop shard=")
         except ConfigError as error:
             remove_created(self.created)  # and leaves no sweep folder behind
@@ -136,7 +136,11 @@ class GpusLauncher(Launcher):
             try:
                 for number in range(count):
                     device = devices[number] if devices else None
-                    shard = [replace(spec, shard=Shard(number, count)) for spec in specs] if count > 1 else specs
+                    shard = (
+                        [replace(point, spec=replace(point.spec, shard=Shard(number, count))) for point in points]
+                        if count > 1
+                        else points
+                    )
                     workers.append(self._start(device, jobs, shard, Path(scratch), log_dir))
                 _wait(workers)
             except BaseException:
@@ -176,11 +180,11 @@ class GpusLauncher(Launcher):
         log.info("\t#%d : %s", index, " ".join(filter_overrides(overrides)))
         return _Job(index, sweep_config, task_config, hydra_config, resolved)
 
-    def _start(self, device: str | None, jobs: list[_Job], specs: list, scratch: Path, log_dir: Path) -> _Worker:
+    def _start(self, device: str | None, jobs: list[_Job], points: list, scratch: Path, log_dir: Path) -> _Worker:
         label = device or "cpu"
         task_path, result_path = scratch / f"{label}.task", scratch / f"{label}.result.json"
         with task_path.open("wb") as handle:
-            pickle.dump({"specs": specs}, handle)  # checked here once: the worker runs them as they are
+            pickle.dump({"points": points}, handle)  # checked here once: the worker runs them as they are
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if device is not None:
             env["CUDA_VISIBLE_DEVICES"] = device

@@ -1,0 +1,104 @@
+"""Planning a point of the run: its press, benchmark and model source built from its config, its samples loaded and
+checked, and what an earlier session of its run directory answered read back, in one step and without writing
+anything (the recorder writes, evaluate/run/recorder.py). The result is the point's :class:`Plan`.
+"""
+
+from pathlib import Path
+
+from hydra.utils import instantiate
+
+from evaluate import rundir
+from evaluate.benchmarks import Sample
+from evaluate.benchmarks.selection import load_samples
+from evaluate.errors import ConfigError
+from evaluate.points.config import build_press, press_sources, validate_context_lengths
+from evaluate.points.plan import Plan, context_id
+from evaluate.points.point import Point
+
+
+def sample_identity(sample: Sample) -> dict:
+    """What a prediction row records of its sample first (resuming checks it, with ``max_new_tokens``, unchanged)."""
+    return {
+        "id": sample.id,
+        "task": sample.task,
+        "context_id": context_id(sample.context),
+        "question": sample.question,
+        "answer_prefix": sample.answer_prefix,
+        "answers": list(sample.answers),
+    }
+
+
+def check_same_samples(out: Path, rows: list[dict], samples: list[Sample]) -> None:
+    """Refuse to resume on rows answered for other data than the benchmark now loads (a data file edited in place
+    under the same path): a stale row would otherwise be reported as complete."""
+    now = {sample.id: {**sample_identity(sample), "max_new_tokens": sample.max_new_tokens} for sample in samples}
+    stale = [
+        (row["id"], changed)
+        for row in rows
+        if (changed := [key for key, value in now.get(row["id"], {}).items() if key in row and row[key] != value])
+    ]
+    if stale:
+        first, changed = stale[0]
+        raise ConfigError(
+            f"{out}: {len(stale)} of its {len(rows)} predictions answer samples that have changed since (the first, "
+            f"{first}: its {', '.join(changed)}); the data changed under the same name: pass overwrite=true to redo "
+            "the run or output_dir=... to keep both"
+        )
+
+
+def previous_rows(point: Point) -> list[dict]:
+    """The rows earlier sessions of this run left, a shard's included, that this session keeps; refuses another
+    configuration's. Only this process's own file is repaired (its torn last line cut): another shard may be
+    appending to its own."""
+    cfg, spec = point.cfg, point.spec
+    out, run_fingerprint = spec.out, spec.fingerprint
+    if spec.overwrite:
+        return []
+    recorded = rundir.read_yaml(out / rundir.CONFIG)
+    if recorded is not None and recorded.get("fingerprint") != run_fingerprint:
+        raise ConfigError(
+            f"{out} holds predictions of a different configuration; pass overwrite=true to discard them "
+            "or output_dir=... to keep both"
+        )
+    answered_with = (recorded or {}).get("sources") or {}
+    sources = press_sources(cfg) if answered_with else {}
+    changed = sorted(name for name in set(sources) | set(answered_with) if sources.get(name) != answered_with.get(name))
+    if changed:
+        name = changed[0]
+        raise ConfigError(
+            f"{out} was answered by other code of its press: {name} was {answered_with.get(name) or 'absent'}, is "
+            f"{sources.get(name) or 'absent'} now (sha256); pass overwrite=true to redo the run with this code, "
+            "output_dir=... to keep both, or restore the code it was answered with to resume"
+        )
+    own = out / rundir.PREDICTIONS if spec.shard.whole else rundir.shard_path(out, spec.shard.name, ".jsonl")
+    rundir.read_predictions(own, repair=True)
+    rows = rundir.read_all_predictions(out)
+    return [row for row in rows if not row.get("error")] if spec.retry_errors else rows
+
+
+def make_plan(point: Point, tokenizer) -> Plan:
+    """Plan a resolved point (``run_sweep`` checks every point before it locks any run directory), its run
+    directory locked by the caller: the checks that need the tokenizer and the samples run here."""
+    cfg, spec = point.cfg, point.spec
+    out = spec.out
+    benchmark = instantiate(cfg.benchmark)
+    samples = load_samples(benchmark, tokenizer, cfg.fraction, cfg.limit, spec.seed)
+    context_tokens = {s.context: len(tokenizer.encode(s.context, add_special_tokens=False)) for s in samples}
+    question_tokens = max(len(tokenizer.encode(s.question, add_special_tokens=False)) for s in samples)
+    validate_context_lengths(cfg, min(context_tokens.values()) + (question_tokens if spec.query_aware else 0))
+    kept = previous_rows(point)
+    check_same_samples(out, kept, samples)
+    done = {row["id"] for row in kept}
+    contexts = spec.shard.contexts(sample.context for sample in samples)
+    share = tuple(sample for sample in samples if sample.context in contexts)
+    return Plan(
+        spec=spec,
+        benchmark=benchmark,
+        source=instantiate(cfg.model.source),
+        press=build_press(cfg),
+        samples=tuple(samples),
+        kept_rows=tuple(kept),
+        share=share,
+        todo=tuple(sample for sample in share if sample.id not in done),
+        context_tokens=context_tokens,
+    )
