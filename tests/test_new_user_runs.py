@@ -6,13 +6,13 @@ engine answered."""
 from dataclasses import dataclass
 
 import pytest
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
 from evaluate import rundir
 from evaluate.benchmarks import Sample
 from evaluate.errors import ConfigError
 from evaluate.models.loading import Models
-from evaluate.points.config import run_dir, run_name
+from evaluate.points.config import run_dir, run_name, validate_context_lengths
 from evaluate.points.overrides import check_overrides
 from evaluate.run import entry
 from evaluate.run.entry import run, run_sweep
@@ -238,3 +238,16 @@ def test_the_suggested_sweep_keeps_your_press_its_knobs_and_config_folders(tmp_p
         "python", "-m", "evaluate", "-m", "press=chunkkv", "scorer=mine", "scorer.press.window_size=4",
         "+press.press.chunk_length=5", "'hydra.searchpath=[file:///my/conf]'", "limit=2", "cr=0.5,0.7,0.9",
     ]  # fmt: skip
+
+
+def test_a_scorer_yaml_may_leave_min_context_out(tmp_path):
+    """A scorer without an observation window needs no ``min_context``: its YAML's name and press are enough."""
+    cfg = compose_config(tmp_path, "press=topk", "scorer=knorm", "benchmark.tasks=[niah_single_1]")
+    with open_dict(cfg):
+        del cfg.scorer["min_context"]
+    validate_context_lengths(cfg, 1)
+    assert run(cfg)["tasks"]["niah_single_1"]["n"] == 3
+    with open_dict(cfg):
+        cfg.scorer.min_context = 5
+    with pytest.raises(ConfigError, match="needs contexts longer than 5 tokens but the shortest context has 5"):
+        validate_context_lengths(cfg, 5)

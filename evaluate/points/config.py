@@ -254,9 +254,11 @@ def validate_context_lengths(cfg: DictConfig, shortest_context: int) -> None:
     """Refuse a scorer whose observation window does not fit in the shortest context."""
     if not uses_scorer(cfg):
         return
-    if shortest_context <= cfg.scorer.min_context:
+    # A scorer's YAML may leave min_context out: a scorer without an observation window needs no minimum.
+    min_context = cfg.scorer.get("min_context", 0)
+    if shortest_context <= min_context:
         raise ConfigError(
-            f"scorer {cfg.scorer.name} needs contexts longer than {cfg.scorer.min_context} tokens but the shortest "
+            f"scorer {cfg.scorer.name} needs contexts longer than {min_context} tokens but the shortest "
             f"context has {shortest_context}; lower its window (e.g. scorer.press.window_size=) or use longer contexts"
         )
 
