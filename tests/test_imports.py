@@ -125,11 +125,12 @@ def test_the_readers_load_neither_torch_nor_kvpress():
 
 
 def test_docs_layout_names_every_module_and_script():
-    """docs/layout.md is where a newcomer finds a concept: every module of evaluate/ and every script is in it."""
+    """docs/layout.md is where a newcomer finds a concept: every module of evaluate/ and every script, those
+    in folders of scripts/ (gpu_check_stages/) included, is in it."""
     layout = (REPO / "docs" / "layout.md").read_text(encoding="utf-8")
     modules = [path for path in (REPO / "evaluate").rglob("*.py") if path.name != "__init__.py"]
     modules = [path for path in modules if not path.parent.name.endswith("_data")]  # benchmark data, not code
-    scripts = [path for path in (REPO / "scripts").iterdir() if path.is_file()]
+    scripts = [path for path in (REPO / "scripts").rglob("*") if path.is_file() and "__pycache__" not in path.parts]
     unnamed = [str(path.relative_to(REPO)) for path in [*modules, *scripts] if f"`{path.name}`" not in layout]
     assert not unnamed
 
