@@ -99,12 +99,13 @@ class LongQuestionBenchmark(SharedContextBenchmark):
     ("benchmark", "message"),
     [
         ({"max_new_tokens": 100000}, "6 samples of {name} cannot fit in the model's 8192 positions, e.g. doc-0-0: "
-         "100000 new tokens after 6 tokens of question and answer prefix; lower the rows' max_new_tokens or shorten "
-         "their questions in benchmark.path, or leave those tasks out with benchmark.tasks=[...]"),
+         "100000 new tokens after 6 tokens of question and answer prefix; lower the rows' max_new_tokens (or cap "
+         "them with max_new_tokens=N) or shorten their questions in benchmark.path, or leave those tasks out with "
+         "benchmark.tasks=[...]"),
         ({"_target_": f"{__name__}.LongQuestionBenchmark"}, "1 samples of {name} cannot fit in the model's 8192 "
          "positions, e.g. doc-0-0: 6 new tokens after 20002 tokens of question and answer prefix; lower the rows' "
-         "max_new_tokens or shorten their questions in benchmark.path, or leave those tasks out with "
-         "benchmark.tasks=[...]"),
+         "max_new_tokens (or cap them with max_new_tokens=N) or shorten their questions in benchmark.path, or leave "
+         "those tasks out with benchmark.tasks=[...]"),
     ],
 )  # fmt: skip
 def test_a_generation_that_cannot_fit_the_model_is_refused_before_any_folder(tmp_path, benchmark, message):

@@ -168,8 +168,8 @@ def check_generation_fits(plan: Plan, model, tokenizer) -> None:
         raise ConfigError(
             f"{len(misfits)} samples of {plan.out.name} cannot fit in the model's {positions} positions, e.g. "
             f"{sample.id}: {sample.max_new_tokens} new tokens after {tokens} tokens of question and answer prefix; "
-            "lower the rows' max_new_tokens or shorten their questions in benchmark.path, or leave those tasks out "
-            "with benchmark.tasks=[...]"
+            "lower the rows' max_new_tokens (or cap them with max_new_tokens=N) or shorten their questions in "
+            "benchmark.path, or leave those tasks out with benchmark.tasks=[...]"
         )
 
 

@@ -111,8 +111,14 @@ def uses_registry_entry(cfg: DictConfig) -> bool:
 
 
 def refuse_unread_knobs(cfg: DictConfig) -> None:
-    """Refuse a single run's knob that its registry entry does not read: it would only duplicate the run without it.
-    (A sweep may give one knob to several entries; the points that do not read it run without it.)"""
+    """Refuse a single run's knob that its registry entry does not read, or a ``max_new_tokens`` with
+    ``generate=false``: it would only duplicate the run without it. (A sweep may give one knob to several entries, or
+    max_new_tokens to generate=true,false; the points that do not read it run without it.)"""
+    if not cfg.generate and cfg.max_new_tokens is not None:
+        raise ConfigError(
+            f"generate=false decodes nothing, so max_new_tokens={cfg.max_new_tokens} is never read; drop it "
+            "(it would only duplicate the run without it)"
+        )
     if not uses_registry_entry(cfg):
         return
     unread = registry.unread_knobs(cfg.press.method, {knob: cfg.get(knob) for knob in registry.RUNNER_KNOBS})
@@ -186,6 +192,10 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"truncation={cfg.truncation!r}; choose one of {', '.join(TRUNCATION_POLICIES)}")
     if cfg.max_context_length is not None and cfg.max_context_length <= 0:
         raise ConfigError(f"max_context_length={cfg.max_context_length} must be a positive number of tokens, or null")
+    if cfg.max_new_tokens is not None and cfg.max_new_tokens <= 0:
+        raise ConfigError(
+            f"max_new_tokens={cfg.max_new_tokens} must be a positive number of tokens, or null to keep each row's own"
+        )
     knobs = {knob: cfg.get(knob) for knob in sorted(registry.RUNNER_KNOBS - {"compression_ratio"})}
     if uses_registry_entry(cfg):
         registry.check_knob_ranges(knobs)
@@ -274,6 +284,9 @@ def result_config(cfg: DictConfig) -> dict:
             resolved.pop(knob, None)  # unset knobs do not split runs, nor move the runs recorded before they existed
     if resolved.get("generate", True):
         resolved.pop("generate", None)  # generating runs keep the fingerprints they had before generate=false existed
+    if resolved.get("max_new_tokens") is None or not resolved.get("generate", True):
+        # null: each row's own, as every run recorded before the key existed; generate=false decodes nothing.
+        resolved.pop("max_new_tokens", None)
     if uses_registry_entry(cfg):
         # A knob the entry does not read (a sweep's key_channel_compression_ratio on its knorm point) changes nothing.
         for knob in registry.unread_knobs(cfg.press.method, resolved):

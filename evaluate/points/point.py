@@ -47,6 +47,9 @@ class PointSpec:
     dtype: str
     truncation: str
     max_context_length: int | None
+    # Each sample's tokens to generate when set (null: each row's own, as does generate=false, which decodes
+    # nothing); make_plan applies it to the samples.
+    max_new_tokens: int | None
     decode_batch_size: int
     decode_memory: float | None
     # What the run does with earlier sessions' rows and with failures (the recorder reads these).
@@ -90,6 +93,7 @@ def resolve(cfg: DictConfig) -> PointSpec:
         dtype=cfg.dtype,
         truncation=cfg.truncation,
         max_context_length=cfg.max_context_length,
+        max_new_tokens=cfg.max_new_tokens if cfg.generate else None,
         decode_batch_size=cfg.decode_batch_size,
         decode_memory=cfg.decode_memory,
         overwrite=cfg.overwrite,

@@ -39,6 +39,7 @@ class Settings:
     attn_implementation: str | None = MISSING
     max_context_length: int | None = MISSING
     truncation: str = MISSING
+    max_new_tokens: int | None = MISSING
     overwrite: bool = MISSING
     decode_batch_size: int = MISSING
     decode_memory: float | None = MISSING

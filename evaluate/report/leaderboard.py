@@ -159,7 +159,7 @@ def prepare(run: RunResult, allow_partial: bool) -> Submission:
         "compression_ratio": run.compression_ratio,
         "query_aware": run.query_aware,
         "fraction": 1.0 if not reasons else round(run.samples / every_sample, 4),
-        "max_new_tokens": None,  # each task's own generation length, as in the hub data
+        "max_new_tokens": run.config.get("max_new_tokens"),  # null: each task's own generation length (the hub data)
         "max_context_length": run.config.get("max_context_length"),
         "seed": run.config.get("seed"),
         "press_init_command": str(run.record.get("press")),

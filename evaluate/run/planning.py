@@ -3,6 +3,7 @@ checked, and what an earlier session of its run directory answered read back, in
 anything (the recorder writes, evaluate/run/recorder.py). The result is the point's :class:`Plan`.
 """
 
+from dataclasses import replace
 from pathlib import Path
 
 from hydra.utils import instantiate
@@ -83,6 +84,9 @@ def make_plan(point: Point, tokenizer) -> Plan:
     out = spec.out
     benchmark = instantiate(cfg.benchmark)
     samples = load_samples(benchmark, tokenizer, cfg.fraction, cfg.limit, spec.seed)
+    if spec.max_new_tokens is not None:
+        # kvpress's max_new_tokens: the run's value instead of each row's, so the rows record it and resuming checks it.
+        samples = [replace(sample, max_new_tokens=spec.max_new_tokens) for sample in samples]
     context_tokens = {s.context: len(tokenizer.encode(s.context, add_special_tokens=False)) for s in samples}
     question_tokens = max(len(tokenizer.encode(s.question, add_special_tokens=False)) for s in samples)
     validate_context_lengths(cfg, min(context_tokens.values()) + (question_tokens if spec.query_aware else 0))
