@@ -17,11 +17,13 @@ batches everything after them:
   token is the last column), then decode with the others.
 
 The pool is three pieces, in the manner of vLLM's v1 engine: this scheduler (admission, continuous batching, the
-memory budget), the slot cache (evaluate/engine/slot_cache.py) and the model runner (evaluate/engine/model_runner.py),
-with the attention of a pool step in evaluate/engine/attention.py. A step returns the rows it finished; the pool
-calls nothing of its caller's. Only the rounding of the batched matrix products can differ from one-by-one
-decoding, so a row's greedy tokens are the pipeline's unless two candidates tie to within that rounding
-(tests/test_decoding.py, tests/test_kvpress_equivalence.py).
+memory budget: how many slots, when to grow or compact them), the slot cache (evaluate/engine/slot_cache.py: what a
+slot costs, the buffer allocated with the rows it keeps, each row's keys and values) and the model runner
+(evaluate/engine/model_runner.py: the forward passes, which give the scheduler tokens or a teacher-forced answer's
+log-probabilities, never logits), with the attention of a pool step in evaluate/engine/attention.py. A step returns
+the rows it finished; the pool calls nothing of its caller's. Only the rounding of the batched matrix products can
+differ from one-by-one decoding, so a row's greedy tokens are the pipeline's unless two candidates tie to within that
+rounding (tests/test_decoding.py, tests/test_kvpress_equivalence.py).
 """
 
 import logging
@@ -137,42 +139,19 @@ class DecodingPool:
 
     # Slots
 
-    def _slot_bytes(self, capacity: int) -> int:
-        config = self.model.config
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        per_position = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * self.model.dtype.itemsize
-        return per_position * capacity
-
     def _resize(self, slots: int, capacity: int) -> None:
         """A new slot buffer of ``slots`` rows of ``capacity`` positions, keeping the rows decoding now."""
         occupied = [slot for slot, row in enumerate(self.rows) if row is not None]
-        cache = SlotCache(self.model, slots, capacity)
-        if occupied:  # an idle pool (teacher forcing's, between groups) has nothing to keep
-            cache.copy_from(self.cache, occupied)
-        else:
-            for slot in range(slots):
-                cache.free(slot)
+        self.cache = SlotCache.allocate(self.model, slots, capacity, self.cache, occupied)
         self.rows = [self.rows[slot] for slot in occupied] + [None] * (slots - len(occupied))
-        self.cache = cache
 
     def _admit(self) -> list[FinishedRow]:
         if not self.waiting:
             return []
         active = sum(row is not None for row in self.rows)
         capacity = max([self.cache.capacity if self.cache is not None else 0] + [r.slot_length() for r in self.waiting])
-        # As many slots as the batch size, the work at hand and the memory budget allow (at least one).
-        affordable = (self.memory_bytes - self.waiting_bytes) // self._slot_bytes(capacity)
-        if affordable < 1 and not self.warned_budget:
-            self.warned_budget = True
-            needed = (self._slot_bytes(capacity) + self.waiting[0].nbytes) / 2**30
-            logger.warning(
-                "decode_memory=%.3g GiB holds no row (one needs %.3g GiB): rows decode one at a time; raise it, or "
-                "leave it null for the default",
-                self.memory_bytes / 2**30,
-                needed,
-            )
-        affordable = max(1, affordable)
-        slots = max(len(self.rows), min(self.batch_size, active + len(self.waiting), affordable))
+        # As many slots as the batch size, the work at hand and the memory budget allow.
+        slots = max(len(self.rows), min(self.batch_size, active + len(self.waiting), self._affordable(capacity)))
         if self.cache is None or slots > self.cache.slots or capacity > self.cache.capacity:
             # Grown in steps, so that a slowly rising need does not copy the buffer at every admission.
             self._resize(slots, capacity if self.cache is None else max(capacity, self.cache.capacity * 5 // 4))
@@ -188,17 +167,30 @@ class DecodingPool:
         if not joining:
             return []
         rows = [self.rows[slot] for slot in joining]
-        logits = self.runner.ask_questions(self.cache, joining, rows)
+        outputs = self.runner.ask_questions(self.cache, joining, rows)
         finished = []
-        for slot, row, row_logits in zip(joining, rows, logits, strict=True):
+        for slot, row, output in zip(joining, rows, outputs, strict=True):
             if row.request.answer_ids is None:
-                finished += self._append(slot, row, int(row_logits[-1].argmax()))
-                continue
-            answer_length = row.request.answer_ids.shape[-1]
-            log_probs = torch.log_softmax(row_logits[-answer_length - 1 : -1].float(), dim=-1)
-            finished.append(self._leave(slot, row, log_probs))
+                finished += self._append(slot, row, output)
+            else:
+                finished.append(self._leave(slot, row, output))
         self._arrange()
         return finished
+
+    def _affordable(self, capacity: int) -> int:
+        """How many slots of ``capacity`` positions the memory budget holds beside the waiting rows (at least one)."""
+        slot_bytes = SlotCache.slot_bytes(self.model, capacity)
+        affordable = (self.memory_bytes - self.waiting_bytes) // slot_bytes
+        if affordable < 1 and not self.warned_budget:
+            self.warned_budget = True
+            needed = (slot_bytes + self.waiting[0].nbytes) / 2**30
+            logger.warning(
+                "decode_memory=%.3g GiB holds no row (one needs %.3g GiB): rows decode one at a time; raise it, or "
+                "leave it null for the default",
+                self.memory_bytes / 2**30,
+                needed,
+            )
+        return max(1, affordable)
 
     def _arrange(self) -> None:
         """Keep rows of like slot length next to each other, so that a decoding step attends each segment of slots

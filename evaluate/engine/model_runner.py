@@ -1,7 +1,9 @@
-"""One forward pass of the decoding pool: the inputs of the rows it serves, the model over the slot cache, the logits.
+"""One forward pass of the decoding pool: the inputs of the rows it serves, the model over the slot cache, and what
+each row gets out of it (the scheduler sees tokens and log-probabilities, never logits).
 
 Rows that join run their questions as one pass of their own, left-padded so that every row's last question token is
-the last column; rows that decode run one token each. A pass's time and count are shared by the rows it served.
+the last column, and get their first greedy token, or, teacher-forced, their answer's log-probabilities; rows that
+decode run one token each and get the next. A pass's time and count are shared by the rows it served.
 """
 
 import time
@@ -22,11 +24,27 @@ class ModelRunner:
         self.forward_passes = 0
         self.peak_rows = 0
 
-    def ask_questions(self, cache: SlotCache, slots: list[int], rows: list[RunningRow]) -> torch.Tensor:
-        """The joining rows' first pass: their questions (and teacher-forced answers), left-padded. Returns the logits
-        of the last columns each row needs: its last question token's, and each answer token's but the last. Leaves
-        each slot's first answer token and its next position on the device for :meth:`decode_step`."""
-        device = cache.input_device
+    def ask_questions(self, cache: SlotCache, slots: list[int], rows: list[RunningRow]) -> list[int | torch.Tensor]:
+        """The joining rows' first pass: their questions (and teacher-forced answers), left-padded. Returns each row's
+        output: its first greedy token, or, teacher-forced, its answer's float32 log-probabilities ([answer tokens,
+        vocabulary]). Leaves each slot's first token and its next position on the device for :meth:`decode_step`."""
+        input_ids, position_ids, lengths = self._question_inputs(cache.input_device, rows)
+        answers = [row.request.answer_ids.shape[-1] for row in rows if row.request.answer_ids is not None]
+        keep = max(answers, default=0) + 1
+        start = time.perf_counter()
+        cache.plan(slots, lengths, input_ids.shape[1])
+        logits = self._forward(cache, input_ids, position_ids, keep)
+        index = torch.tensor(slots, device=cache.input_device)
+        # The logits come back to the input ids' device (accelerate's hook on the whole model moves them there).
+        tokens = logits[:, -1].argmax(dim=-1)
+        cache.tokens[index] = tokens
+        cache.positions[index] = position_ids[:, -1] + 1
+        self._count(logits, rows, start)
+        return self._question_outputs(logits, tokens, rows)
+
+    @staticmethod
+    def _question_inputs(device: torch.device, rows: list[RunningRow]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """The joining rows' input ids and positions, left-padded to the longest, and each row's real length."""
         lengths = [row.request.input_ids.shape[1] for row in rows]
         width = max(lengths)
         input_ids = torch.zeros(len(rows), width, dtype=torch.long, device=device)
@@ -35,17 +53,23 @@ class ModelRunner:
             input_ids[index, width - length :] = row.request.input_ids[0].to(device)
             start = row.request.context_length
             position_ids[index, width - length :] = torch.arange(start, start + length, device=device)
-        answers = [row.request.answer_ids.shape[-1] for row in rows if row.request.answer_ids is not None]
-        keep = max(answers, default=0) + 1
-        start = time.perf_counter()
-        cache.plan(slots, lengths, width)
-        logits = self._forward(cache, input_ids, position_ids, keep)
-        index = torch.tensor(slots, device=device)
-        # The logits come back to the input ids' device (accelerate's hook on the whole model moves them there).
-        cache.tokens[index] = logits[:, -1].argmax(dim=-1)
-        cache.positions[index] = position_ids[:, -1] + 1
-        self._count(logits, rows, start)
-        return logits
+        return input_ids, position_ids, lengths
+
+    @staticmethod
+    def _question_outputs(
+        logits: torch.Tensor, tokens: torch.Tensor, rows: list[RunningRow]
+    ) -> list[int | torch.Tensor]:
+        """Each row's greedy token (``tokens``, the last column's argmax), or a teacher-forced row's log-probabilities
+        of its answer tokens, read from the columns that predict them: the last question token's and each answer
+        token's but the last."""
+        outputs: list[int | torch.Tensor] = []
+        for row, row_logits, token in zip(rows, logits, tokens.tolist(), strict=True):
+            answer = row.request.answer_ids
+            if answer is None:
+                outputs.append(token)
+            else:
+                outputs.append(torch.log_softmax(row_logits[-answer.shape[-1] - 1 : -1].float(), dim=-1))
+        return outputs
 
     def decode(self, cache: SlotCache, rows: list[RunningRow | None]) -> list[int]:
         """One greedy token for every occupied slot (an empty slot runs a discarded token).

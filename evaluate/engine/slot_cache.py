@@ -5,6 +5,10 @@ the width buckets) is mirrored on the host (``host_lengths``, ``host_live``), be
 joins and leaves; the device keeps its own copy (``lengths``, ``live``, ``tokens``, ``positions``), which the step
 advances with arithmetic only.
 
+The scheduler decides how many slots of how many positions the pool holds; the slot cache says what a slot costs
+(:meth:`SlotCache.slot_bytes`, for the memory budget) and allocates the buffer, taking the rows that decode on from
+the one it replaces (:meth:`SlotCache.allocate`).
+
 Attention work follows each row's own length: the slots are cut into contiguous segments, each attended over its own
 width, a rung of :data:`WIDTH_LADDER` (so that a step's shapes repeat and a compiled or captured graph is reused),
 and the scheduler keeps rows of like length next to each other (:func:`arrangement`).
@@ -90,6 +94,13 @@ def arrangement(needs: list[int | None]) -> list[int]:
     return order
 
 
+def _kv_shape(model) -> tuple[int, int, int]:
+    """The model's layers, key-value heads and head dimension: the shape of one position's keys (or values)."""
+    config = model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return config.num_hidden_layers, config.num_key_value_heads, head_dim
+
+
 class SlotCache:
     """Preallocated keys and values of ``slots`` rows, left-aligned, with each row's length per layer.
 
@@ -99,10 +110,7 @@ class SlotCache:
     """
 
     def __init__(self, model, slots: int, capacity: int):
-        config = model.config
-        layers = config.num_hidden_layers
-        heads = config.num_key_value_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        layers, heads, head_dim = _kv_shape(model)
         self.devices = layer_devices(model)
         self.input_device = input_device(model)
         self.slots, self.capacity = slots, capacity
@@ -125,6 +133,23 @@ class SlotCache:
         self.step_rows = [every_slot[device] for device in self.devices]
         self.step_query_lengths = [self.live_on[device] for device in self.devices]
         self.parts: list[list | None] = [None] * layers
+
+    @staticmethod
+    def slot_bytes(model, capacity: int) -> int:
+        """What one slot of ``capacity`` positions takes in keys and values (:attr:`nbytes` per slot)."""
+        layers, heads, head_dim = _kv_shape(model)
+        return 2 * layers * heads * head_dim * model.dtype.itemsize * capacity
+
+    @classmethod
+    def allocate(cls, model, slots: int, capacity: int, source: "SlotCache | None", keep: list[int]) -> "SlotCache":
+        """A buffer of ``slots`` rows of ``capacity`` positions whose first slots take ``source``'s rows ``keep``
+        (to grow or compact the pool; an idle pool, teacher forcing's between groups, keeps none), the rest free."""
+        cache = cls(model, slots, capacity)
+        if keep:
+            cache._take(source, list(range(len(keep))), keep, min(capacity, source.capacity))
+        for slot in range(len(keep), slots):
+            cache.free(slot)
+        return cache
 
     @property
     def nbytes(self) -> int:
@@ -159,13 +184,6 @@ class SlotCache:
         for copy in self.live_on.values():
             copy[slot] = live
         self.host_live[slot] = live
-
-    def copy_from(self, other: "SlotCache", slots: list[int]) -> None:
-        """Take ``other``'s rows ``slots`` into this cache's first slots (to grow or compact the pool)."""
-        rows = len(slots)
-        self._take(other, list(range(rows)), slots, min(self.capacity, other.capacity))
-        for slot in range(rows, self.slots):
-            self.free(slot)
 
     def permute(self, order: list[int]) -> None:
         """New slot i takes old slot ``order[i]``; only the rows that move are copied, up to their longest layer."""
