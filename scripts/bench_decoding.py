@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from evaluate.engine.decoding_pool import decode_all  # noqa: E402
-from evaluate.engine.pipeline import make_pipeline  # noqa: E402
+from evaluate.engine.pipeline_engine import make_pipeline  # noqa: E402
 from evaluate.engine.requests import DecodeRequest, hidden_keys  # noqa: E402
 from evaluate.models.layer_masks import fit_masks_to_layers  # noqa: E402
 from evaluate.models.random_models import RandomModel  # noqa: E402

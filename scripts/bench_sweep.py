@@ -2,7 +2,7 @@
 
 1. The harness: one ``python -m evaluate -m ...`` multirun; the default launcher loads the model once,
    prefills each context once for every sweep point and decodes every point's questions in one pool
-   (evaluate/engine/pooled.py, decoding_pool.py). It also runs with ``decode_batch_size=1``: one model load,
+   (evaluate/engine/pool_engine.py, decoding_pool.py). It also runs with ``decode_batch_size=1``: one model load,
    then kvpress's pipeline for each point.
 2. The way kvpress's evaluation runs a sweep: one process per point, each loading the model and running the
    pipeline context by context (``python -m evaluate`` for that single point).

@@ -10,7 +10,7 @@ from kvpress import AdaKVPress, ChunkKVPress, KnormPress, SnapKVPress
 from transformers import DynamicCache
 
 from evaluate.engine.decoding_pool import DecodingPool, decode_all
-from evaluate.engine.pipeline import make_pipeline
+from evaluate.engine.pipeline_engine import make_pipeline
 from evaluate.engine.requests import DecodeRequest, hidden_keys
 from evaluate.models.layer_masks import fit_masks_to_layers
 from evaluate.models.random_models import TinyRandomModel

@@ -148,4 +148,4 @@ def test_nothing_below_the_run_reads_the_raw_config():
             if "DictConfig" in names or (isinstance(node, ast.Attribute) and node.attr == "cfg"):
                 readers.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert not readers
-    assert in_stage("evaluate.engine.pooled", *holders) and not in_stage("evaluate.points.point", *holders)
+    assert in_stage("evaluate.engine.pool_engine", *holders) and not in_stage("evaluate.points.point", *holders)

@@ -9,7 +9,7 @@ import torch
 from omegaconf import open_dict
 
 from evaluate import rundir
-from evaluate.engine.pipeline import make_pipeline
+from evaluate.engine.pipeline_engine import make_pipeline
 from evaluate.engine.teacher_forcing import answer_text, teacher_forced
 from evaluate.models.random_models import TinyRandomModel
 from evaluate.points.config import ConfigError, fingerprint, run_dir
@@ -203,7 +203,7 @@ def test_each_second_of_the_likelihood_is_counted_in_one_stage(tmp_path, monkeyp
             time.sleep(2.0)
         return teacher_forced(pool, cache, hidden, *args)
 
-    monkeypatch.setattr("evaluate.engine.pooled.teacher_forced", slow_references)
+    monkeypatch.setattr("evaluate.engine.pool_engine.teacher_forced", slow_references)
     cfg = config(tmp_path, "press=topk", "scorer=snapkv", "cr=0.5")
     started = time.perf_counter()
     run(cfg)

@@ -1,10 +1,10 @@
 """Several configurations in one process: each model loaded once, each context prefilled once, one decoding pool.
 
 ``run_sweep`` types, checks and resolves every configuration once (evaluate/points/), locks its run directory, plans
-it and answers it on its model: through the pooled path (evaluate/engine/pooled.py) where the press acts only after
-each layer's attention and ``decode_batch_size`` is above 1, else through kvpress's pipeline
-(evaluate/engine/pipeline.py). The engines give back what they finished; this loop hands it to each point's recorder,
-the only writer. A single run is the sweep of one point.
+it and answers it on its model: through the pooled path (evaluate/engine/pool_engine.py) where the press acts only
+after each layer's attention and ``decode_batch_size`` is above 1, else through kvpress's pipeline
+(evaluate/engine/pipeline_engine.py). The engines give back what they finished; this loop hands it to each point's
+recorder, the only writer. A single run is the sweep of one point.
 """
 
 import logging
@@ -22,8 +22,8 @@ from transformers.utils import logging as transformers_logging
 from evaluate import rundir
 from evaluate.engine.attention import why_not_pooled
 from evaluate.engine.decoding_pool import decode_memory_bytes
-from evaluate.engine.pipeline import PipelineEngine, check_generation_fits, context_budget
-from evaluate.engine.pooled import PoolEngine
+from evaluate.engine.pipeline_engine import PipelineEngine, check_generation_fits, context_budget
+from evaluate.engine.pool_engine import PoolEngine
 from evaluate.engine.requests import AnsweredGroup, Prefilled
 from evaluate.errors import ConfigError, RunIncomplete, exit_code, fail, refuse, stop_on_signals
 from evaluate.models.loading import Models, prepare_model, warn_if_unpatched

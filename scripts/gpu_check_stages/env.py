@@ -18,7 +18,7 @@ PACKAGES = (
     "needlehaystack pressbench"
 ).split()
 IMPORTS = (
-    "evaluate.engine.pipeline",
+    "evaluate.engine.pipeline_engine",
     "evaluate.run.entry",
     "evaluate.engine.decoding_pool",
     "evaluate.models.random_models",

@@ -190,7 +190,7 @@ def make_pipeline(model, tokenizer, device: str):
 
 class PipelineEngine:
     """kvpress's pipeline path behind the engine interface the run asks both paths through (the pooled one is
-    :class:`evaluate.engine.pooled.PoolEngine`): each point after the other, one context group at a time."""
+    :class:`evaluate.engine.pool_engine.PoolEngine`): each point after the other, one context group at a time."""
 
     def __init__(self, model, tokenizer):
         self.model, self.tokenizer = model, tokenizer

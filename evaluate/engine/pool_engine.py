@@ -19,7 +19,7 @@ from evaluate.benchmarks import Sample
 from evaluate.engine.cost import Cost, kv_bytes, measure_kept_ratio
 from evaluate.engine.decoding_pool import DecodingPool
 from evaluate.engine.devices import cuda_devices, input_device
-from evaluate.engine.pipeline import chat_template_enabled, make_pipeline, pipeline_budget
+from evaluate.engine.pipeline_engine import chat_template_enabled, make_pipeline, pipeline_budget
 from evaluate.engine.prefill import PrefillCapture, QuestionIds, RandomStream, clear_masks, compressed_cache
 from evaluate.engine.requests import AnsweredGroup, DecodeRequest, Prefilled, RowCost, hidden_keys
 from evaluate.engine.score_memo import ScoreMemo
@@ -165,7 +165,7 @@ class PrefilledContext:
 class PoolEngine:
     """The pooled path (docs/layout.md's engine): each distinct context prefilled once, compressed at batch 1 for
     every point that needs it, and every point's questions decoded in one pool. ``answer`` is the engine interface
-    the run asks both paths through (:class:`evaluate.engine.pipeline.PipelineEngine` is the other)."""
+    the run asks both paths through (:class:`evaluate.engine.pipeline_engine.PipelineEngine` is the other)."""
 
     def __init__(self, model, tokenizer, batch_size: int, memory_bytes: int):
         self.model, self.tokenizer = model, tokenizer
