@@ -9,6 +9,7 @@
 
     python scripts/bench_sweep.py                                   # prefill-bound: SmolLM2, 4,096-token contexts
     python scripts/bench_sweep.py --workload decode                 # decode-bound: 1,024 tokens, long answers
+    python scripts/bench_sweep.py --workload reasoning              # decoding-time presses, 256-512 new tokens
     python scripts/bench_sweep.py --model tiny_random --max-seq-length 1024   # a quick check of the script itself
     python scripts/bench_sweep.py --random-model --device cuda --dtype bfloat16  # Llama-3.1-8B's shape, random weights
     python scripts/bench_sweep.py --shards 2                        # one process against 2 shard processes side by side
@@ -47,7 +48,9 @@ RANDOM_MODEL = [
 
 # prefill: the EG-ChunkKV preset's presses on 4,096-token contexts with short answers. decode: 1,024-token contexts and
 # the tasks with long answers (cwe 120 tokens, niah_multivalue 128, fwe 50), the preset's presses at four ratios plus
-# adakv_snapkv at 0.5 (whose masked caches decode in the same pool).
+# adakv_snapkv at 0.5 (whose masked caches decode in the same pool). reasoning: math500-format rows (REASONING_ROWS)
+# whose answers run to 256-512 new tokens, under two of kvpress's decoding-time presses at two target sizes, each
+# compressing every 32 generated tokens (``presses`` are registry entries there, ``crs`` target sizes).
 WORKLOADS = {
     "prefill": dict(
         presses="chunkkv,eg_chunkkv",
@@ -65,7 +68,72 @@ WORKLOADS = {
         limit=2,
         max_seq_length=1024,
     ),
+    "reasoning": dict(
+        presses="decoding_knorm,decoding_streaming_llm",
+        crs="64,128",
+        extra="",
+        tasks="math500",
+        limit=8,
+        max_seq_length=0,
+    ),
 }
+REASONING_INTERVAL = 32
+
+
+def reasoning_rows(count: int) -> list[dict]:
+    """``count`` MATH-500-format rows (kvpress's columns) asking for a worked product, each allowed 256 to 512 new
+    tokens: a long generation under decoding-time compression, on any model."""
+    question = "Please reason step by step, and put your final answer within \\boxed{}."
+    return [
+        {
+            "context": f"A crate holds {12 + index} boxes of {7 + 3 * index} apples each. How many apples are in "
+            f"{3 + index} such crates? Explain every step of the multiplication.",
+            "question": question,
+            "answer_prefix": "",
+            "answer": str((12 + index) * (7 + 3 * index) * (3 + index)),
+            "max_new_tokens": 256 + (256 * index) // max(1, count - 1),
+        }
+        for index in range(count)
+    ]
+
+
+def benchmark_overrides(args: argparse.Namespace, scratch: Path) -> list[str]:
+    """The benchmark of the workload: RULER generated offline, or the reasoning rows written to ``scratch``."""
+    if args.workload != "reasoning":
+        return [
+            "benchmark=ruler_synth",
+            f"benchmark.tasks=[{args.tasks}]",
+            f"benchmark.max_seq_length={args.max_seq_length}",
+        ]
+    path = scratch / "math500.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in reasoning_rows(args.limit)))
+    return ["benchmark=math500", f"benchmark.path={path}"]
+
+
+def workload_text(args: argparse.Namespace) -> str:
+    """The workload's points and data, as the tables' first line names them."""
+    if args.workload == "reasoning":
+        return (
+            f"presses {args.presses} x target_size {args.crs} (compression_interval {REASONING_INTERVAL}), "
+            f"{args.limit} math500-format rows of 256-512 new tokens"
+        )
+    extra = f" + {args.extra}" if args.extra else ""
+    return (
+        f"presses {args.presses} x cr {args.crs}{extra}, ruler_synth {args.tasks} x {args.limit}, max_seq_length "
+        f"{args.max_seq_length}"
+    )
+
+
+def point_overrides(args: argparse.Namespace) -> list[dict[str, str]]:
+    """Each sweep point's overrides: a press at a ratio, or (reasoning) a registry entry at a target size."""
+    pairs = [(press, cr) for press in args.presses.split(",") for cr in args.crs.split(",")]
+    pairs += [tuple(point.split(":")) for point in args.extra.split(",") if point]
+    if args.workload != "reasoning":
+        return [{"press": press, "cr": cr} for press, cr in pairs]
+    return [
+        {"method": method, "target_size": size, "compression_interval": str(REASONING_INTERVAL)}
+        for method, size in pairs
+    ]
 
 
 def timed(command: list[str]) -> tuple[float, float]:
@@ -183,9 +251,6 @@ def main(argv: list[str] | None = None) -> None:
 
     common = [
         *model_overrides,
-        "benchmark=ruler_synth",
-        f"benchmark.tasks=[{args.tasks}]",
-        f"benchmark.max_seq_length={args.max_seq_length}",
         f"limit={args.limit}",
         f"device={args.device}",
         # kvpress's evaluation computes no likelihood fields: each way does kvpress's work, and only that.
@@ -193,23 +258,23 @@ def main(argv: list[str] | None = None) -> None:
         *([f"dtype={args.dtype}"] if args.dtype else []),
         *args.override,
     ]
-    points = [(press, cr) for press in args.presses.split(",") for cr in args.crs.split(",")]
-    points += [tuple(point.split(":")) for point in args.extra.split(",") if point]
+    points = point_overrides(args)
     n_samples = len(points) * args.limit * len(args.tasks.split(","))
     python = [sys.executable, "-m", "evaluate"]
     with tempfile.TemporaryDirectory() as scratch:
+        common += benchmark_overrides(args, Path(scratch))
         shared_dir, separate_dir = Path(scratch) / "shared", Path(scratch) / "separate"
         print(f"{len(points)} points x {n_samples // len(points)} samples on {model_label} ({args.device})")
         # Dequantize/cache the model and warm the file cache once, outside both timings.
         subprocess.run([*python, *common, "limit=1", "press=none", f"output_dir={scratch}/warm"], cwd=REPO, check=True)
 
         # One sweep over every point: a union of one-point grids (hydra/sweeper=grids).
-        grids = ",".join(f"{{press:{press},cr:{cr}}}" for press, cr in points)
+        grids = ",".join("{" + ",".join(f"{key}:{value}" for key, value in point.items()) + "}" for point in points)
         sweep = [*python, "-m", *common, "hydra/sweeper=grids", f"hydra.sweeper.grids=[{grids}]"]
         if args.shards:
             title = (
-                f"Sweep: {model_label}, {len(points)} points, ruler_synth {args.tasks} x {args.limit}, max_seq_length "
-                f"{args.max_seq_length}, {args.device}; {n_samples} samples in all, on {os.cpu_count()} CPU cores."
+                f"Sweep: {model_label}, {len(points)} points, {workload_text(args)}, {args.device}; {n_samples} "
+                f"samples in all, on {os.cpu_count()} CPU cores."
             )
             out = args.out_dir / f"shards_{args.workload}_{args.device.split(':')[0]}.md"
             compare_shards(sweep, args.shards, Path(scratch), title, out)
@@ -220,13 +285,13 @@ def main(argv: list[str] | None = None) -> None:
         one_by_one_wall, one_by_one_peak = timed([*sweep, "decode_batch_size=1", f"output_dir={one_by_one_dir}"])
         print(f"harness, one-by-one decoding: {one_by_one_wall:.1f} s")
         separate_wall, separate_peak = 0.0, 0.0
-        for press, cr in points:
+        for point in points:
             # kvpress's evaluate.py: the pipeline, one question at a time (a single run would otherwise use the pool).
-            point = [f"press={press}", f"cr={cr}", "decode_batch_size=1", f"output_dir={separate_dir}"]
-            wall, peak = timed([*python, *common, *point])
+            settings = [f"{key}={value}" for key, value in point.items()]
+            wall, peak = timed([*python, *common, *settings, "decode_batch_size=1", f"output_dir={separate_dir}"])
             separate_wall += wall
             separate_peak = max(separate_peak, peak)
-            print(f"  separate {press} cr={cr}: {wall:.1f} s")
+            print(f"  separate {' '.join(settings)}: {wall:.1f} s")
 
         runs = sorted(path.name for path in separate_dir.iterdir() if (path / "predictions.jsonl").exists())
         identical = len(runs) == len(points) and all(
@@ -282,10 +347,8 @@ def main(argv: list[str] | None = None) -> None:
     compress_rows = [
         f"| {row['run']} | {row['compress_s']:.2f} | {1000 * row['compress_s'] / per_point:.0f} |" for row in harness
     ]
-    extra = f" + {args.extra}" if args.extra else ""
     lines = [
-        f"Sweep: {model_label}, presses {args.presses} x cr {args.crs}{extra}, ruler_synth {args.tasks} x "
-        f"{args.limit}, max_seq_length {args.max_seq_length}, {args.device}; {n_samples} samples in all.",
+        f"Sweep: {model_label}, {workload_text(args)}, {args.device}; {n_samples} samples in all.",
         "",
         "| way | wall s | samples/s | forward passes per question | peak RSS MiB |",
         "|---|---:|---:|---:|---:|",
