@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from evaluate.errors import ConfigError
+from evaluate.report import leaderboard
 from evaluate.report.build import build_report
 from evaluate.report.cli import main
 from evaluate.report.runs import collect_runs
@@ -27,7 +28,7 @@ from evaluate.score.iso_quality import (
     iso_cr,
     iso_intervals,
 )
-from tests.fixtures.runs.builder import write_run
+from tests.fixtures.runs.builder import uniform, write_run
 
 TASK = "niah_single_1"
 SAMPLES = 200
@@ -207,3 +208,27 @@ def test_the_iso_quality_figure_is_drawn(runs_dir, tmp_path, capsys):
     capsys.readouterr()
     assert (out / "plots" / "ruler_iso.png").stat().st_size > 0
     assert "### Compression at iso-quality" in (out / "report.md").read_text()
+
+
+def test_leaderboard_csv_has_each_method_at_iso_quality(tmp_path, capsys):
+    """leaderboard.csv gives every submission its method's figures; the no-compression row and a method without a
+    baseline have none (the latter says why)."""
+    root = tmp_path / "runs"
+    qwen = "Qwen/Qwen3-8B"
+    write_run(root, uniform([True, True]), method="no_press", model=qwen)
+    write_run(root, uniform([True, True]), method="snapkv", cr=0.25, model=qwen)  # 100
+    write_run(root, uniform([True, False]), method="snapkv", cr=0.5, model=qwen)  # 50
+    write_run(root, uniform([True, True]), method="knorm", cr=0.5, model=qwen)  # 100: within everywhere
+    write_run(root, uniform([True, False]), method="tova", cr=0.5, model=qwen, query_aware=True)  # no baseline
+    out = tmp_path / "submission"
+    leaderboard.main([str(root), "--out", str(out)])
+    capsys.readouterr()
+    rows = {(row["method"], row["compression_ratio"]): row for row in csv.DictReader((out / "leaderboard.csv").open())}
+    iso = ["iso_cr_absolute", "iso_mark_absolute", "iso_cr_relative", "iso_mark_relative", "iso_note"]
+    # snapkv: 100 at 0.25, 50 at 0.5 against 100. Absolute (t = 99): 0.25 + 0.25 x (100 - 99) / (100 - 50) = 0.255;
+    # relative (t = 95): 0.25 + 0.25 x (100 - 95) / (100 - 50) = 0.275. Both its rows carry the method's figures.
+    for cr in ("0.25", "0.5"):
+        assert [rows["snapkv", cr][key] for key in iso] == ["0.255", "interpolated", "0.275", "interpolated", ""]
+    assert [rows["knorm", "0.5"][key] for key in iso] == ["0.5", "≥", "0.5", "≥", ""]
+    assert [rows["tova", "0.5"][key] for key in iso] == ["", "", "", "", "no uncompressed run to compare with"]
+    assert [rows["no_press", "0.0"][key] for key in iso] == ["", "", "", "", ""]
