@@ -427,6 +427,8 @@ def test_report_command_writes_tables_and_readable_plots(runs_dir, tmp_path, cap
         "diff__chunkkv_snapkv__no_press.md",
         "gate_effect.csv",
         "gate_effect.md",
+        "iso_quality.csv",
+        "iso_quality.md",
         "report.md",
         "ruler.csv",
         "ruler.md",
@@ -446,7 +448,8 @@ def test_report_command_writes_tables_and_readable_plots(runs_dir, tmp_path, cap
 def test_plots_go_beside_the_tables_given_by_out_unless_plots_is_given(runs_dir, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # where the default results/tables/plots/ would land
     main([str(runs_dir), "--out", str(tmp_path / "tables"), "--bootstrap", "0"])
-    assert sorted(path.name for path in (tmp_path / "tables" / "plots").iterdir()) == ["ruler.png", "ruler_tasks.png"]
+    plotted = sorted(path.name for path in (tmp_path / "tables" / "plots").iterdir())
+    assert plotted == ["ruler.png", "ruler_iso.png", "ruler_tasks.png"]
     assert not (tmp_path / "results").exists()
 
 

@@ -1,7 +1,7 @@
 """A report: every table of a set of finished runs, written as Markdown and CSV files and as one page."""
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -10,8 +10,10 @@ from evaluate import rundir
 from evaluate.report.compare import compare_tables, load_references
 from evaluate.report.differences import Effect, diff_table, effect_table, load_effects
 from evaluate.report.frame import runs_frame
+from evaluate.report.iso_quality import iso_table
 from evaluate.report.runs import RunResult, compute_intervals
 from evaluate.report.tables import Table, cost_table, headline_table, likelihood_tables, runs_table, task_table
+from evaluate.score.iso_quality import DEFAULT_DELTA, DEFAULT_RELATIVE, thresholds
 
 
 @dataclass
@@ -25,9 +27,11 @@ class Report:
     comparisons: list[Table]
     likelihood: list[Table]  # the likelihood table and its per-task table, where runs have the fields
     unmatched_references: int = 0
+    iso: list[Table] = field(default_factory=list)  # the iso-quality table, where there are compressed runs
+    iso_series: pd.DataFrame | None = None  # its series with their figures, for the plots
 
     def tables(self) -> list[Table]:
-        tables = [*self.headline, *self.tasks, *self.differences, *self.comparisons, *self.likelihood]
+        tables = [*self.headline, *self.tasks, *self.differences, *self.iso, *self.comparisons, *self.likelihood]
         return [*tables, cost_table(self.frame), runs_table(self.frame)]
 
     def page(self, runs_dir: Path, resamples: int) -> str:
@@ -37,7 +41,7 @@ class Report:
         paragraphs = ["# PressBench results", f"{len(self.runs)} finished runs from `{runs_dir}`.", cells]
         for table in self.headline:
             paragraphs += [table.page(), f"Per task: [{table.name}_tasks.md]({table.name}_tasks.md)"]
-        paragraphs += [table.page() for table in [*self.differences, *self.comparisons]]
+        paragraphs += [table.page() for table in [*self.differences, *self.iso, *self.comparisons]]
         for table in self.likelihood[:1]:
             paragraphs += [table.page(), "Per task: [likelihood_tasks.md](likelihood_tasks.md)"]
         if self.unmatched_references:
@@ -55,8 +59,12 @@ def build_report(
     diffs: Sequence[tuple[str, str]] = (),
     reference_dir: Path | None = None,
     effects: Sequence[Effect] | None = None,
+    iso_delta: float = DEFAULT_DELTA,
+    iso_relative: float = DEFAULT_RELATIVE,
 ) -> Report:
-    """Every table of ``runs``; ``effects`` defaults to conf/report.yaml's."""
+    """Every table of ``runs``; ``effects`` defaults to conf/report.yaml's; ``iso_delta`` and ``iso_relative`` are
+    the iso-quality table's thresholds (evaluate/score/iso_quality.py; ConfigError when out of range)."""
+    chosen = thresholds(iso_delta, iso_relative)
     compute_intervals(runs, resamples, seed)
     frame = runs_frame(runs)
     effects = load_effects() if effects is None else effects
@@ -67,7 +75,21 @@ def build_report(
     headline = [headline_table(frame, benchmark) for benchmark in benchmarks]
     tasks = [task_table(frame, benchmark) for benchmark in benchmarks]
     comparisons, unmatched = compared
-    return Report(runs, frame, skipped, headline, tasks, differences, comparisons, likelihood_tables(frame), unmatched)
+    iso, series = iso_table(runs, frame, chosen, resamples, seed)
+    likelihood = likelihood_tables(frame)
+    return Report(
+        runs,
+        frame,
+        skipped,
+        headline,
+        tasks,
+        differences,
+        comparisons,
+        likelihood,
+        unmatched,
+        [iso] if iso else [],
+        series,
+    )
 
 
 def write_report(report: Report, out: Path, runs_dir: Path, resamples: int) -> list[Path]:

@@ -6,7 +6,8 @@ under its ``plots/`` (``--plots``; both ignored by git: the committed example pl
 ``no compression`` from each run's ``no_press`` baseline; each cell with its bootstrap 95% interval, its sample
 count and ``*`` when partial); ``{benchmark}_tasks``, task x method per ratio; an effect table per entry of
 conf/report.yaml's ``effects`` or ``--experiment NAME``'s ``report:`` (by default ``gate_effect``:
-``eg_chunkkv_{scorer}`` − ``chunkkv_{scorer}`` with a paired interval) and per ``--diff A B``; ``compare``
+``eg_chunkkv_{scorer}`` − ``chunkkv_{scorer}`` with a paired interval) and per ``--diff A B``; ``iso_quality``, the
+largest cr of each method within ``--iso-delta`` points and ``--iso-relative`` of its baseline; ``compare``
 (``--compare``): measured against ``results/reference/*.csv``; ``runs.csv``, a row per run; ``report.md``, all in one.
 """
 
@@ -19,7 +20,10 @@ from evaluate.errors import ConfigError, exit_code, refuse
 from evaluate.report.build import build_report, write_report
 from evaluate.report.differences import load_effects
 from evaluate.report.runs import DEFAULT_RUNS, ReportError, collect_runs
+from evaluate.score.iso_quality import DEFAULT_DELTA, DEFAULT_RELATIVE, check_thresholds
 
+_ISO_DELTA = "iso-quality table: the largest cr scoring ≥ baseline − POINTS (default: %(default)s)"
+_ISO_RELATIVE = "iso-quality table: the largest cr scoring ≥ SHARE × baseline, SHARE in (0, 1] (default: %(default)s)"
 # What 0 means for each numeric flag, for its refusal.
 _ZERO = {"--bootstrap": "no intervals", "--seed": "the default seed"}
 
@@ -37,6 +41,8 @@ def main(argv: list[str] | None = None) -> None:
     add("--reference", type=Path, default=Path("results/reference"), help="default: %(default)s")
     add("--bootstrap", type=int, default=1000, metavar="N", help="resamples per interval; 0 disables (default: 1000)")
     add("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
+    add("--iso-delta", type=float, default=DEFAULT_DELTA, metavar="POINTS", help=_ISO_DELTA)
+    add("--iso-relative", type=float, default=DEFAULT_RELATIVE, metavar="SHARE", help=_ISO_RELATIVE)
     wandb = "also log the tables and plots to one wandb summary run (bare --wandb: online)"
     add("--wandb", nargs="?", const="online", choices=["offline", "online"], help=wandb)
     add("--wandb-project", default="pressbench", help="default: %(default)s")
@@ -45,6 +51,10 @@ def main(argv: list[str] | None = None) -> None:
     for flag, value in (("--bootstrap", args.bootstrap), ("--seed", args.seed)):
         if value < 0:
             refuse(ConfigError(f"{flag} {value}: cannot be negative; pass 0 or more ({flag} 0: {_ZERO[flag]})"))
+    try:
+        check_thresholds(args.iso_delta, args.iso_relative)
+    except ConfigError as error:
+        refuse(error)
     unwritten = ["no table or plot was written"]
     try:
         report(args, unwritten)
@@ -62,7 +72,9 @@ def report(args: argparse.Namespace, unwritten: list[str]) -> None:
             detail = "".join(f"\n  {path}: {reason}" for path, reason in skipped)
             raise ReportError(f"no finished run under {args.runs_dir}{detail}")
         diffs, reference = [tuple(pair) for pair in args.diff], args.reference if args.compare else None
-        built = build_report(runs, skipped, args.bootstrap, args.seed, diffs, reference, effects)
+        built = build_report(
+            runs, skipped, args.bootstrap, args.seed, diffs, reference, effects, args.iso_delta, args.iso_relative
+        )
     except ReportError as error:
         raise SystemExit(f"error: {error}") from None
 
@@ -74,7 +86,7 @@ def report(args: argparse.Namespace, unwritten: list[str]) -> None:
         from evaluate.report.plots import plot_all  # matplotlib only when drawing
 
         unwritten[0] = f"the tables are written, the plots in {folder} not all"
-        plots = plot_all(built.frame, folder)
+        plots = plot_all(built.frame, folder, built.iso_series)
     print(built.page(args.runs_dir, args.bootstrap))
     for path, reason in skipped:
         print(f"skipped {path}: {reason}", file=sys.stderr)

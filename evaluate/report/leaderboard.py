@@ -7,7 +7,8 @@ a directory that the kvpress leaderboard reads, named as kvpress's evaluation na
         config.yaml      kvpress's evaluation fields (press_init_command is the press repr)
         metrics.json     {task: {"string_match": score}} for the 13 tasks
         predictions.csv  the dataset columns except context, plus predicted_answer and compression_ratio
-    DIR/leaderboard.csv  one row per submission folder in DIR; score = unweighted 13-task mean, rounded to 2
+    DIR/leaderboard.csv  one row per submission folder in DIR; score = unweighted 13-task mean, rounded to 2; and
+                         its method's compression at iso-quality (iso_* columns, evaluate/score/iso_quality.py)
 
 Partial runs (a sample limit or fraction, fewer than 13 tasks, data other than the hub dataset, failed
 samples) are refused with their reasons unless ``--allow-partial``. Each directory is assembled in a staging
@@ -35,13 +36,19 @@ from evaluate import rundir
 from evaluate.benchmarks import failure_coverage, fraction_coverage
 from evaluate.benchmarks.ruler import Ruler
 from evaluate.errors import ConfigError, refuse
-from evaluate.report.runs import DEFAULT_RUNS, ReportError, RunResult, collect_runs
+from evaluate.report.frame import runs_frame
+from evaluate.report.iso_quality import iso_table
+from evaluate.report.runs import DEFAULT_RUNS, NO_PRESS, ReportError, RunResult, collect_runs
+from evaluate.score.iso_quality import thresholds
 
 # The leaderboard's dataset is RULER's hub data as the Ruler benchmark defines it (shared/reference/ruler/README.md).
 DATASET = Ruler.name
 DATA_DIR = Ruler.source.data_dir
 
 LEADERBOARD_COLUMNS = "dataset data_dir model method compression_ratio score query_aware press_init_command".split()
+# Each row's method at iso-quality: the largest cr within 1 point and within 95 % of its uncompressed baseline's score,
+# and each figure's mark (interpolated, measured, ≥, <); iso_note says why a method has none.
+ISO_COLUMNS = "iso_cr_absolute iso_mark_absolute iso_cr_relative iso_mark_relative iso_note".split()
 PREDICTION_COLUMNS = "question answer_prefix answer task max_new_tokens predicted_answer compression_ratio".split()
 
 
@@ -229,19 +236,44 @@ def _leaderboard_row(folder: Path) -> list:
     return [*head, f"{score:.2f}", bool(config["query_aware"]), config["press_init_command"]]
 
 
-def write_leaderboard_csv(out: Path) -> tuple[int, list[tuple[Path, str]]]:
+def iso_columns(submissions: list[Submission], runs: list[RunResult]) -> dict[str, list]:
+    """Each compressed submission's ISO_COLUMNS, by submission name: its method series (the submissions of one
+    method, variant, model and query-awareness with one baseline) at iso-quality, against the baseline that
+    evaluate/score/baseline.py pairs its runs with among the ``no_press`` runs of ``runs``; without intervals (the
+    report's iso_quality table has them)."""
+    members = [submission.run for submission in submissions]
+    pool = members + [run for run in runs if run.method == NO_PRESS and all(run is not m for m in members)]
+    chosen = thresholds()
+    _, series = iso_table(pool, runs_frame(pool), chosen, resamples=0)
+    found = {}
+    for row in series.to_dict("records"):
+        figures = []
+        for threshold in chosen:
+            value = row.get(threshold.name)
+            figures += [None, ""] if value is None or isinstance(value, float) else [value.cr, value.mark]
+        for position in row["runs"]:
+            if position < len(submissions):
+                found[submissions[position].name] = [*figures, row["note"]]
+    return found
+
+
+def write_leaderboard_csv(out: Path, iso: dict[str, list] | None = None) -> tuple[int, list[tuple[Path, str]]]:
     """Rebuild leaderboard.csv from every submission folder in ``out``, whichever export wrote it, so that the file
     and the folders always agree; returns its row count and the folders left out, with why (hidden staging folders
-    are none)."""
+    are none). ``iso`` holds the iso-quality columns by submission name (:func:`iso_columns`); a folder without
+    them (the no-compression run, or one of an earlier export) leaves them empty."""
     rows, left_out = [], []
+    iso = iso or {}
     for folder in sorted(path for path in out.iterdir() if path.is_dir() and not path.name.startswith(".")):
         try:
-            rows.append(_leaderboard_row(folder))
+            rows.append(_leaderboard_row(folder) + iso.get(folder.name, [None, "", None, "", ""]))
         except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError, yaml.YAMLError) as error:
             reason = f"{type(error).__name__}: {error}" if not isinstance(error, ValueError) else str(error)
             left_out.append((folder, f"not a submission, left out of {LEADERBOARD_CSV} ({reason})"))
     rows.sort(key=lambda row: (row[2], row[3], row[4], row[6]))  # model, method, ratio, query_aware
-    table = pd.DataFrame(rows, columns=LEADERBOARD_COLUMNS)
+    table = pd.DataFrame(rows, columns=[*LEADERBOARD_COLUMNS, *ISO_COLUMNS]).astype(
+        {"iso_cr_absolute": float, "iso_cr_relative": float}
+    )
     rundir.write_atomic(out / LEADERBOARD_CSV, table.to_csv(index=False, lineterminator="\n"))
     return len(rows), left_out
 
@@ -295,7 +327,7 @@ def export(
         written.append((submission, outcome))
     listed = 0
     if out.is_dir() and any(out.iterdir()):  # a folder this export created and left empty stays so
-        listed, left_out = write_leaderboard_csv(out)
+        listed, left_out = write_leaderboard_csv(out, iso_columns([submission for submission, _ in written], runs))
         refused += left_out
     return written, refused, listed
 

@@ -3,8 +3,9 @@ score of each method with its bootstrap 95% band and its baseline's score as a d
 (and query-awareness); ``{benchmark}_tasks.png``, the same for every task, a small panel each. Partial runs are drawn
 with hollow markers. ``{benchmark}_kl.png``: the mean answer KL from the uncompressed model against cr, for runs
 with the likelihood fields; ``{benchmark}_cost.png``: score against the KV bytes held, each point labelled with its
-ratio. For needle-in-a-haystack runs also ``{benchmark}_heatmap.png``: the needle score by depth and context length,
-a panel per method and compression ratio."""
+ratio; ``{benchmark}_iso.png``: each method's compression at iso-quality against its baseline. For
+needle-in-a-haystack runs also ``{benchmark}_heatmap.png``: the needle score by depth and context length, a panel
+per method and compression ratio."""
 
 import math
 import re
@@ -356,10 +357,81 @@ def _ratio_labels(ax, runs: pd.DataFrame) -> None:
         placed.append((point.mib, point.score, text))
 
 
-def plot_all(frame: pd.DataFrame, out: Path) -> list[Path]:
+# How the iso-quality figure marks each threshold's cr (evaluate/score/iso_quality.py).
+_ISO_MARKERS = {"absolute": "v", "relative": "^"}
+
+
+def _iso_measured(series: pd.DataFrame | None, benchmark: str) -> pd.DataFrame:
+    """The series of ``benchmark`` that have an iso-quality cr (a baseline to compare with)."""
+    if series is None or series.empty or "absolute" not in series:
+        return pd.DataFrame()
+    chosen = series[series.benchmark == benchmark]
+    return chosen[chosen.absolute.map(lambda value: value is not None and not isinstance(value, float))]
+
+
+def plot_iso(benchmark: str, series: pd.DataFrame, thresholds: dict[str, float], path: Path) -> Path:
+    """Score against cr for each series of the iso-quality table (those with a baseline), a panel per model and
+    query-awareness: the baseline dashed with the band down to the lower of the two thresholds shaded and each
+    threshold dotted, and each series' iso-quality cr marked on its threshold (▼ absolute, ▲ relative; hollow where it
+    is a bound, ≥ or <, rather than a crossing) with its interval as a whisker."""
+    labels = sorted(series.label.unique())
+    palette = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20")
+    colors = {label: palette(i % palette.N) for i, label in enumerate(labels)}
+    panels = series.groupby(["model", "query_aware"], sort=True)
+    fig, axes = plt.subplots(1, panels.ngroups, figsize=(7.5 * panels.ngroups + 2.5, 5.2), squeeze=False)
+    ratios = sorted({cr for crs in series.ratios for cr in crs})
+    for ax, ((model, query_aware), members) in zip(axes[0], panels, strict=True):
+        values = []
+        for baseline, lines in members.groupby("baseline_score", sort=True):
+            floor = min(baseline - thresholds["absolute"], thresholds["relative"] * baseline)
+            ax.axhline(
+                baseline,
+                color=_REFERENCE_COLOR,
+                linestyle="--",
+                linewidth=1.5,
+                zorder=1.5,
+                label=f"no compression ({baseline:.2f})",
+            )
+            ax.axhspan(floor, baseline, color=_REFERENCE_COLOR, alpha=0.08)
+            for name, value in thresholds.items():
+                level = baseline - value if name == "absolute" else value * baseline
+                text = f"− {value:g}" if name == "absolute" else f"× {value:g}"
+                style = ":" if name == "absolute" else "-."
+                ax.axhline(level, color=_REFERENCE_COLOR, linestyle=style, linewidth=1, label=f"baseline {text}")
+            values += [baseline]
+            for line in lines.itertuples():
+                color = colors[line.label]
+                ax.plot(line.ratios, line.scores, "-o", color=color, linewidth=2, markersize=5, label=line.label)
+                values += list(line.scores)
+                for name, marker in _ISO_MARKERS.items():
+                    found = getattr(line, name)
+                    level = baseline - thresholds[name] if name == "absolute" else thresholds[name] * baseline
+                    face = color if found.mark in ("interpolated", "measured") else "white"
+                    ax.plot([found.cr], [level], marker, color=color, markerfacecolor=face, markersize=10)
+                    interval = getattr(line, f"{name}_interval")
+                    if interval is not None and not isinstance(interval, float):  # its bootstrap interval, a whisker
+                        xerr = [[found.cr - interval.low], [interval.high - found.cr]]
+                        ax.errorbar([found.cr], [level], xerr=xerr, fmt="none", capsize=4, color=color)
+        _style(ax, ratios, values, fontsize=11)
+        ax.set_xlabel("compression ratio (fraction of KV pairs removed)", fontsize=12)
+        ax.set_ylabel("score", fontsize=12)
+        ax.set_title(f"{benchmark} — {model}{QUERY_AWARE[query_aware]}: iso-quality", fontsize=13)
+    handles, labels = axes[0][-1].get_legend_handles_labels()
+    unique = dict(zip(labels, handles, strict=True))
+    fig.legend(unique.values(), unique.keys(), loc="upper left", bbox_to_anchor=(1 - 2.4 / fig.get_figwidth(), 0.9))
+    notes = (
+        "▼ / ▲: the largest cr within the absolute / relative threshold (hollow: ≥ the largest or < the smallest cr)"
+    )
+    fig.text(0.01, 0.01, notes, fontsize=9, color="0.35")
+    fig.tight_layout(rect=(0, 0.03, 1 - 2.5 / fig.get_figwidth(), 1))
+    return _save(fig, path, dpi=130)
+
+
+def plot_all(frame: pd.DataFrame, out: Path, iso_series: pd.DataFrame | None = None) -> list[Path]:
     """For every benchmark of the runs frame: both score figures where its runs have scores (``generate=false``
     runs have none), the answer KL against cr where they have the likelihood fields, the score against KV bytes
-    where runs recorded them; and the heatmap of needle runs. Returns the files written."""
+    where runs recorded them, the iso-quality figure where ``iso_series`` (the iso-quality table's series) has a
+    series with a baseline; and the heatmap of needle runs. Returns the files written."""
     written = []
     for name, runs in frame.groupby("benchmark"):
         scored = runs.score.notna().any()
@@ -367,6 +439,9 @@ def plot_all(frame: pd.DataFrame, out: Path) -> list[Path]:
         plots += [(plot_cost, "_cost")] if scored and runs.kv_bytes_held_per_context.notna().any() else []
         plots += [(plot_kl, "_kl")] if runs.answer_kl.notna().any() else []
         written += [plot(name, runs, out / f"{name}{suffix}.png") for plot, suffix in plots]
+        measured = _iso_measured(iso_series, name)
+        if not measured.empty:
+            written.append(plot_iso(name, measured, iso_series.attrs["thresholds"], out / f"{name}_iso.png"))
     return written + [
         plot_needle_heatmap(name, frame, out / f"{name}_heatmap.png") for name in needle_benchmarks(frame)
     ]

@@ -244,6 +244,52 @@ class PairedInterval(Interval):
     same_samples: bool  # both runs hold exactly the shared samples
 
 
+@dataclass(frozen=True)
+class PairedResamples:
+    """Several runs' headlines on the same draws of the contexts they share: ``values[j]`` is run j's resampled
+    headline, one per kept draw (a draw that lost a headline task is dropped for every run alike)."""
+
+    values: list[np.ndarray]
+    decomposed: bool
+    contexts: int
+    shared_samples: int
+    same_samples: bool  # every run holds exactly the shared samples
+
+
+def paired_resamples(
+    benchmarks: Sequence, row_sets: Sequence[Sequence[dict]], resamples: int = 1000, seed: int = 0
+) -> PairedResamples | None:
+    """The headlines of several runs resampled with the same draws of contexts, over the samples every run answered;
+    None when they share none or a run has no headline. Raises NoInterval when a task has a single shared context.
+    The paired intervals (:func:`difference_interval`, and the iso-quality cr of evaluate/score/iso_quality.py)
+    are percentiles of what they compute on these draws."""
+    keys = [{(row["task"], row["id"]) for row in rows} for rows in row_sets]
+    shared = set.intersection(*keys)
+    if not shared:
+        return None
+    kept = [[row for row in rows if (row["task"], row["id"]) in shared] for rows in row_sets]
+    clusters = [_clusters(rows) for rows in kept]
+    task_clusters = {
+        task: sorted(set.intersection(*(set(c.get(task, {})) for c in clusters)))
+        for task in clusters[0]
+        if all(task in c for c in clusters[1:])
+    }
+    task_clusters = {task: ids for task, ids in task_clusters.items() if ids}
+    contexts = _require_spread(task_clusters)
+    rng = np.random.default_rng(seed)
+    decompositions = [Decomposition(benchmark, rows) for benchmark, rows in zip(benchmarks, kept, strict=True)]
+    if any(decomposition.headline is None for decomposition in decompositions):
+        return None
+    values = _decomposed_resamples(decompositions, task_clusters, rng, resamples)
+    decomposed = values is not None
+    if values is None:
+        values = _slow_resamples(benchmarks, kept, task_clusters, rng, resamples, "paired bootstrap")
+    if len(values[0]) == 0:
+        return None
+    same = all(ids == keys[0] for ids in keys[1:])
+    return PairedResamples(values, decomposed, contexts, len(shared), same)
+
+
 def difference_interval(
     benchmark_a,
     rows_a: Sequence[dict],
@@ -260,52 +306,30 @@ def difference_interval(
     """
     if resamples <= 0:
         return None
-    ids_a = {(row["task"], row["id"]) for row in rows_a}
-    ids_b = {(row["task"], row["id"]) for row in rows_b}
-    shared = ids_a & ids_b
-    if not shared:
+    paired = paired_resamples([benchmark_a, benchmark_b], [rows_a, rows_b], resamples, seed)
+    if paired is None:
         return None
-    shared_a = [row for row in rows_a if (row["task"], row["id"]) in shared]
-    shared_b = [row for row in rows_b if (row["task"], row["id"]) in shared]
-    clusters_a, clusters_b = _clusters(shared_a), _clusters(shared_b)
-    task_clusters = {
-        task: sorted(set(clusters_a[task]) & set(clusters_b.get(task, {}))) for task in clusters_a if task in clusters_b
-    }
-    task_clusters = {task: ids for task, ids in task_clusters.items() if ids}
-    contexts = _require_spread(task_clusters)
-    rng = np.random.default_rng(seed)
-    first, second = Decomposition(benchmark_a, shared_a), Decomposition(benchmark_b, shared_b)
-    same = ids_a == ids_b
-    if first.headline is None or second.headline is None:
-        return None
-    decomposed = _decomposed_differences(first, second, task_clusters, rng, resamples)
-    if decomposed is None:
-        values_a, values_b = _slow_resamples(
-            [benchmark_a, benchmark_b], [shared_a, shared_b], task_clusters, rng, resamples, "paired bootstrap"
-        )
-    else:
-        values_a, values_b = decomposed
-    if len(values_a) == 0:
-        return None
+    values_a, values_b = paired.values
     return PairedInterval(
         *_percentiles(values_a - values_b, level),
         resamples=len(values_a),
-        decomposed=decomposed is not None,
-        contexts=contexts,
-        shared_samples=len(shared),
-        same_samples=same,
+        decomposed=paired.decomposed,
+        contexts=paired.contexts,
+        shared_samples=paired.shared_samples,
+        same_samples=paired.same_samples,
     )
 
 
-def _decomposed_differences(
-    first: Decomposition, second: Decomposition, task_clusters: dict, rng: np.random.Generator, resamples: int
+def _decomposed_resamples(
+    decompositions: Sequence[Decomposition], task_clusters: dict, rng: np.random.Generator, resamples: int
 ) -> list[np.ndarray] | None:
-    """Both runs' resampled headlines from their per-task means, with the same draws; None unless both headlines
-    decompose over the same tasks, each with shared contexts."""
-    if not (first.decomposed and second.decomposed and set(first.tasks) == set(second.tasks)):
+    """Every run's resampled headlines from its per-task means, with the same draws; None unless every headline
+    decomposes over the same tasks, each with shared contexts."""
+    first = decompositions[0]
+    if not all(d.decomposed and set(d.tasks) == set(first.tasks) for d in decompositions):
         return None
     wanted = {task: task_clusters[task] for task in first.tasks if task in task_clusters}
     if len(wanted) != len(first.tasks):
         return None
-    a, b = first.restricted(wanted), second.restricted(wanted)
-    return _resampled_task_means([(a[task], b[task]) for task in wanted], rng, resamples)
+    restricted = [d.restricted(wanted) for d in decompositions]
+    return _resampled_task_means([tuple(r[task] for r in restricted) for task in wanted], rng, resamples)
