@@ -69,6 +69,24 @@ class Point:
     spec: PointSpec
 
 
+# The spec's fields copied from conf/config.yaml's keys of the same name as they are (settings.typed typed them).
+COPIED_SETTINGS = (
+    "query_aware",
+    "generate",
+    "likelihood",
+    "seed",
+    "dtype",
+    "truncation",
+    "max_context_length",
+    "decode_batch_size",
+    "decode_memory",
+    "overwrite",
+    "retry_errors",
+    "fail_fast",
+    "wait_for_locks",
+)
+
+
 def resolve(cfg: DictConfig) -> PointSpec:
     """``cfg``'s spec; ``cfg`` has been typed and validated (evaluate/run/entry.py does both, once)."""
     shard = resolve_shard(cfg.get("shard"))
@@ -86,19 +104,7 @@ def resolve(cfg: DictConfig) -> PointSpec:
         device=resolve_device(cfg.device),
         device_map=resolve_device_map(cfg),
         model_key=model_key(cfg),
-        query_aware=cfg.query_aware,
-        generate=cfg.generate,
-        likelihood=cfg.likelihood,
-        seed=cfg.seed,
-        dtype=cfg.dtype,
-        truncation=cfg.truncation,
-        max_context_length=cfg.max_context_length,
         max_new_tokens=cfg.max_new_tokens if cfg.generate else None,
-        decode_batch_size=cfg.decode_batch_size,
-        decode_memory=cfg.decode_memory,
-        overwrite=cfg.overwrite,
-        retry_errors=cfg.retry_errors,
-        fail_fast=cfg.fail_fast,
-        wait_for_locks=cfg.wait_for_locks,
+        **{name: cfg[name] for name in COPIED_SETTINGS},
         shard=shard,
     )
