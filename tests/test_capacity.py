@@ -15,6 +15,7 @@ import csv
 import io
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -176,3 +177,18 @@ def test_the_report_command_writes_the_capacity_files(runs_dir, tmp_path, capsys
     # 40,000,000,000 − 269,030,016 = 39,730,969,984 bytes: 823.70 → 823 rows at 46 MiB, 205.92 → 205 at 184 MiB.
     assert (rows["snapkv"]["rows_that_fit"], rows["snapkv"]["uncompressed_rows_that_fit"]) == ("823", "205")
     assert "tables:" in capsys.readouterr().out
+
+
+def test_the_wandb_summary_logs_the_capacity_table(runs_dir, tmp_path, monkeypatch):
+    from evaluate.report.tracking import log_report
+    from tests.test_results_golden import FakeWandb
+
+    fake = FakeWandb(tmp_path)
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    report, _ = capacity_of(runs_dir)
+    log_report(report, [], mode="offline", dir=tmp_path)
+    logged = fake.logged["log"]["tables/capacity"]
+    rows = {
+        row[logged["columns"].index("method")]: dict(zip(logged["columns"], row, strict=True)) for row in logged["data"]
+    }
+    assert (rows["snapkv"]["rows_that_fit"], rows["snapkv"]["uncompressed_rows_that_fit"]) == ("1652", "413")
