@@ -7,6 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from evaluate import rundir
+from evaluate.report.capacity import DEFAULT_MEMORY_GB, capacity_table, check_memory
 from evaluate.report.compare import compare_tables, load_references
 from evaluate.report.differences import Effect, diff_table, effect_table, load_effects
 from evaluate.report.frame import runs_frame
@@ -29,9 +30,11 @@ class Report:
     unmatched_references: int = 0
     iso: list[Table] = field(default_factory=list)  # the iso-quality table, where there are compressed runs
     iso_series: pd.DataFrame | None = None  # its series with their figures, for the plots
+    capacity: list[Table] = field(default_factory=list)  # the serving-capacity table, where runs recorded KV bytes
 
     def tables(self) -> list[Table]:
-        tables = [*self.headline, *self.tasks, *self.differences, *self.iso, *self.comparisons, *self.likelihood]
+        tables = [*self.headline, *self.tasks, *self.differences, *self.iso, *self.capacity, *self.comparisons]
+        tables += self.likelihood
         return [*tables, cost_table(self.frame), runs_table(self.frame)]
 
     def page(self, runs_dir: Path, resamples: int) -> str:
@@ -41,7 +44,7 @@ class Report:
         paragraphs = ["# PressBench results", f"{len(self.runs)} finished runs from `{runs_dir}`.", cells]
         for table in self.headline:
             paragraphs += [table.page(), f"Per task: [{table.name}_tasks.md]({table.name}_tasks.md)"]
-        paragraphs += [table.page() for table in [*self.differences, *self.iso, *self.comparisons]]
+        paragraphs += [table.page() for table in [*self.differences, *self.iso, *self.capacity, *self.comparisons]]
         for table in self.likelihood[:1]:
             paragraphs += [table.page(), "Per task: [likelihood_tasks.md](likelihood_tasks.md)"]
         if self.unmatched_references:
@@ -61,10 +64,14 @@ def build_report(
     effects: Sequence[Effect] | None = None,
     iso_delta: float = DEFAULT_DELTA,
     iso_relative: float = DEFAULT_RELATIVE,
+    serving_memory_gb: float = DEFAULT_MEMORY_GB,
 ) -> Report:
     """Every table of ``runs``; ``effects`` defaults to conf/report.yaml's; ``iso_delta`` and ``iso_relative`` are
-    the iso-quality table's thresholds (evaluate/score/iso_quality.py; ConfigError when out of range)."""
+    the iso-quality table's thresholds (evaluate/score/iso_quality.py; ConfigError when out of range);
+    ``serving_memory_gb`` the memory of the serving-capacity table (evaluate/report/capacity.py; ConfigError unless
+    above 0 and finite)."""
     chosen = thresholds(iso_delta, iso_relative)
+    check_memory(serving_memory_gb)
     compute_intervals(runs, resamples, seed)
     frame = runs_frame(runs)
     effects = load_effects() if effects is None else effects
@@ -77,6 +84,7 @@ def build_report(
     comparisons, unmatched = compared
     iso, series = iso_table(runs, frame, chosen, resamples, seed)
     likelihood = likelihood_tables(frame)
+    capacity = capacity_table(runs, frame, serving_memory_gb)
     return Report(
         runs,
         frame,
@@ -89,6 +97,7 @@ def build_report(
         unmatched,
         [iso] if iso else [],
         series,
+        [capacity] if capacity else [],
     )
 
 

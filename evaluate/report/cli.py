@@ -7,7 +7,8 @@ under its ``plots/`` (``--plots``; both ignored by git: the committed example pl
 count and ``*`` when partial); ``{benchmark}_tasks``, task x method per ratio; an effect table per entry of
 conf/report.yaml's ``effects`` or ``--experiment NAME``'s ``report:`` (by default ``gate_effect``:
 ``eg_chunkkv_{scorer}`` − ``chunkkv_{scorer}`` with a paired interval) and per ``--diff A B``; ``iso_quality``, the
-largest cr of each method within ``--iso-delta`` points and ``--iso-relative`` of its baseline; ``compare``
+largest cr of each method within ``--iso-delta`` points and ``--iso-relative`` of its baseline; ``capacity``, the
+rows whose KV cache fits in ``--serving-memory-gb`` less the model's weights, against uncompressed; ``compare``
 (``--compare``): measured against ``results/reference/*.csv``; ``runs.csv``, a row per run; ``report.md``, all in one.
 """
 
@@ -18,12 +19,14 @@ from pathlib import Path
 
 from evaluate.errors import ConfigError, exit_code, refuse
 from evaluate.report.build import build_report, write_report
+from evaluate.report.capacity import DEFAULT_MEMORY_GB, check_memory
 from evaluate.report.differences import load_effects
 from evaluate.report.runs import DEFAULT_RUNS, ReportError, collect_runs
 from evaluate.score.iso_quality import DEFAULT_DELTA, DEFAULT_RELATIVE, check_thresholds
 
 _ISO_DELTA = "iso-quality table: the largest cr scoring ≥ baseline − POINTS (default: %(default)s)"
 _ISO_RELATIVE = "iso-quality table: the largest cr scoring ≥ SHARE × baseline, SHARE in (0, 1] (default: %(default)s)"
+_MEMORY = "serving-capacity table: the GB (10^9 bytes) the weights and KV rows share (default: %(default)s)"
 # What 0 means for each numeric flag, for its refusal.
 _ZERO = {"--bootstrap": "no intervals", "--seed": "the default seed"}
 
@@ -43,6 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     add("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
     add("--iso-delta", type=float, default=DEFAULT_DELTA, metavar="POINTS", help=_ISO_DELTA)
     add("--iso-relative", type=float, default=DEFAULT_RELATIVE, metavar="SHARE", help=_ISO_RELATIVE)
+    add("--serving-memory-gb", type=float, default=DEFAULT_MEMORY_GB, metavar="GB", help=_MEMORY)
     wandb = "also log the tables and plots to one wandb summary run (bare --wandb: online)"
     add("--wandb", nargs="?", const="online", choices=["offline", "online"], help=wandb)
     add("--wandb-project", default="pressbench", help="default: %(default)s")
@@ -53,6 +57,7 @@ def main(argv: list[str] | None = None) -> None:
             refuse(ConfigError(f"{flag} {value}: cannot be negative; pass 0 or more ({flag} 0: {_ZERO[flag]})"))
     try:
         check_thresholds(args.iso_delta, args.iso_relative)
+        check_memory(args.serving_memory_gb)
     except ConfigError as error:
         refuse(error)
     unwritten = ["no table or plot was written"]
@@ -73,7 +78,16 @@ def report(args: argparse.Namespace, unwritten: list[str]) -> None:
             raise ReportError(f"no finished run under {args.runs_dir}{detail}")
         diffs, reference = [tuple(pair) for pair in args.diff], args.reference if args.compare else None
         built = build_report(
-            runs, skipped, args.bootstrap, args.seed, diffs, reference, effects, args.iso_delta, args.iso_relative
+            runs,
+            skipped,
+            args.bootstrap,
+            args.seed,
+            diffs,
+            reference,
+            effects,
+            args.iso_delta,
+            args.iso_relative,
+            args.serving_memory_gb,
         )
     except ReportError as error:
         raise SystemExit(f"error: {error}") from None
