@@ -1,8 +1,9 @@
 """The serving-capacity table (evaluate/report/capacity.py), checked against hand-computed counts on finished runs
 written by tests/fixtures/runs/builder.py, each given the cost fields a run.json records.
 
-The model is SmolLM2-135M-Instruct loaded in its checkpoint's bfloat16 (dtype=auto): 134,515,008 parameters x 2
-bytes = 269,030,016 bytes (0.27 GB) of weights. In 80 GB = 80,000,000,000 bytes that leaves 79,730,969,984 bytes:
+The model is SmolLM2-135M-Instruct loaded in its checkpoint's bfloat16: 134,515,008 parameters x 2 bytes =
+269,030,016 bytes (0.27 GB) of weights, as run.json's model_weights_bytes records them. In 80 GB =
+80,000,000,000 bytes that leaves 79,730,969,984 bytes:
 - the uncompressed run holds 184 MiB = 192,937,984 bytes per row: 79,730,969,984 / 192,937,984 = 413.25, 413 rows;
 - snapkv at cr 0.75 holds 46 MiB = 48,234,496 bytes: 1652.99, 1652 rows, 1652 / 413 = 4.00x;
 - knorm (another seed: no baseline) holds 92 MiB = 96,468,992 bytes: 826.49, 826 rows, no uncompressed count;
@@ -21,21 +22,33 @@ from pathlib import Path
 import pytest
 import yaml
 
+from evaluate import rundir
 from evaluate.errors import ConfigError
+from evaluate.models.random_models import TinyRandomModel
+from evaluate.points.config import run_dir
 from evaluate.report.build import build_report
-from evaluate.report.capacity import check_memory, rows_that_fit, weights_bytes
+from evaluate.report.capacity import check_memory, rows_that_fit
 from evaluate.report.cli import main
 from evaluate.report.runs import collect_runs
+from evaluate.run.entry import run
 from tests.fixtures.runs.builder import LLAMA, uniform, write_run
+from tests.support import compose_config
 
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 MIB = 2**20
 
 
-def with_costs(run: Path, held_mib: float | None, tokens_per_second: float | None, batch: int = 32) -> Path:
-    """``run`` with run.json's KV bytes held and decoding speed, and config.yaml's decode_batch_size."""
+SMOLLM2_WEIGHTS = 269_030_016
+LLAMA_WEIGHTS = 16_060_522_496  # 8,030,261,248 parameters x 2 bytes
+
+
+def with_costs(
+    run: Path, held_mib: float | None, tokens_per_second: float | None, batch: int = 32, weights: int | None = None
+) -> Path:
+    """``run`` with run.json's KV bytes held, decoding speed and model weights, and config.yaml's decode_batch_size."""
     record = json.loads((run / "run.json").read_text())
     record |= {"kv_bytes_held_per_context": None if held_mib is None else held_mib * MIB}
+    record |= {"model_weights_bytes": weights} if weights else {}
     record |= {"decode_tokens_per_second": tokens_per_second, "device": "cuda:0"}
     (run / "run.json").write_text(json.dumps(record))
     config = yaml.safe_load((run / "config.yaml").read_text())
@@ -48,10 +61,11 @@ def with_costs(run: Path, held_mib: float | None, tokens_per_second: float | Non
 def runs_dir(tmp_path) -> Path:
     root = tmp_path / "runs"
     outcomes = uniform([True, False], tasks=["niah_single_1"])
-    with_costs(write_run(root, outcomes, method="no_press", model=SMOLLM2), 184, 100.0)
-    with_costs(write_run(root, outcomes, method="snapkv", cr=0.75, model=SMOLLM2), 46, 250.5)
-    with_costs(write_run(root, outcomes, method="knorm", cr=0.5, model=SMOLLM2, seed=7), 92, 180.0)
-    with_costs(write_run(root, outcomes, method="tova", cr=0.5, model=SMOLLM2), None, None)
+    with_costs(write_run(root, outcomes, method="no_press", model=SMOLLM2), 184, 100.0, weights=SMOLLM2_WEIGHTS)
+    with_costs(write_run(root, outcomes, method="snapkv", cr=0.75, model=SMOLLM2), 46, 250.5, weights=SMOLLM2_WEIGHTS)
+    knorm = write_run(root, outcomes, method="knorm", cr=0.5, model=SMOLLM2, seed=7)
+    with_costs(knorm, 92, 180.0, weights=SMOLLM2_WEIGHTS)
+    with_costs(write_run(root, outcomes, method="tova", cr=0.5, model=SMOLLM2), None, None, weights=SMOLLM2_WEIGHTS)
     return root
 
 
@@ -65,13 +79,17 @@ def capacity_of(runs_dir: Path, **options):
     return report, table
 
 
-def test_weights_and_rows_by_hand():
-    assert weights_bytes("SmolLM2-135M-Instruct", "auto") == 269_030_016
-    assert weights_bytes("SmolLM2-135M-Instruct", None) == 269_030_016  # runs recorded before dtype: the checkpoint's
-    assert weights_bytes("SmolLM2-135M-Instruct", "float32") == 538_060_032
-    assert weights_bytes("Llama-3.1-8B-Instruct", "auto") == 16_060_522_496  # 8,030,261,248 x 2
-    assert weights_bytes("smollm2-135m", "auto") == 538_060_032  # the embedded GGUF, dequantized to float32
-    assert weights_bytes("tiny-random", "auto") is None and weights_bytes("Qwen3-8B", "int8") is None
+def test_a_run_records_its_models_weights(tmp_path):
+    """run.json's model_weights_bytes: the bytes of the parameters as loaded, tied embeddings once."""
+    cfg = compose_config(tmp_path, "press=none", "benchmark.tasks=[niah_single_1]", "likelihood=false")
+    run(cfg)
+    model = TinyRandomModel().load_model("cpu", "float32", "sdpa", None)
+    expected = sum(parameter.numel() * 4 for parameter in model.parameters())
+    assert expected > 0
+    assert rundir.read_json(run_dir(cfg) / rundir.RUN)["model_weights_bytes"] == expected
+
+
+def test_rows_by_hand():
     assert rows_that_fit(80e9, 269_030_016, 46 * MIB) == 1652
     assert rows_that_fit(80e9, 269_030_016, 184 * MIB) == 413
     assert rows_that_fit(80e9, None, 46 * MIB) is None and rows_that_fit(80e9, 269_030_016, None) is None
@@ -128,8 +146,8 @@ def test_the_memory_is_an_option(runs_dir):
 def test_weights_beyond_the_memory_fit_no_row_and_an_unknown_model_says_so(tmp_path):
     root = tmp_path / "runs"
     outcomes = uniform([True], tasks=["niah_single_1"])
-    with_costs(write_run(root, outcomes, method="no_press", model=LLAMA), 128, 50.0)
-    with_costs(write_run(root, outcomes, method="no_press", model="org/tiny-random"), 1, 50.0)
+    with_costs(write_run(root, outcomes, method="no_press", model=LLAMA), 128, 50.0, weights=LLAMA_WEIGHTS)
+    with_costs(write_run(root, outcomes, method="no_press", model="org/tiny-random"), 1, 50.0)  # recorded no weights
     _, table = capacity_of(root, serving_memory_gb=16)  # Llama's 16.06 GB of weights exceed 16 GB
     rows = {row["model"]: row for row in csv.DictReader(io.StringIO(table.csv))}
     assert (rows["Llama-3.1-8B-Instruct"]["weights_gb"], rows["Llama-3.1-8B-Instruct"]["rows_that_fit"]) == (

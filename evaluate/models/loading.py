@@ -15,6 +15,12 @@ from evaluate.points.press_traits import FINCH_DELIMITER
 logger = logging.getLogger(__name__)
 
 
+def weights_bytes(model: torch.nn.Module) -> int:
+    """The bytes the model's parameters hold as loaded (tied embeddings counted once), which serving capacity
+    subtracts from a device's memory (evaluate/report/capacity.py)."""
+    return sum(parameter.numel() * parameter.element_size() for parameter in model.parameters())
+
+
 def warn_if_unpatched(model) -> None:
     from kvpress import SUPPORTED_MODELS
 

@@ -3,7 +3,8 @@ cache physically held per context, against its uncompressed baseline (evaluate/s
 ``baseline`` column), beside the decoding speed the run measured.
 
 rows that fit = floor((memory − weights) / KV bytes held per row), memory in GB (10⁹ bytes), 80 by default (an 80 GB
-GPU), weights = parameters × the bytes of the dtype the model was loaded in. Only the KV cache counts: no
+GPU), weights = the bytes the model's parameters held as the run loaded them (run.json's ``model_weights_bytes``,
+measured at load). Only the KV cache counts: no
 activations, no fragmentation, no framework overhead, so it is an upper bound on the rows a server holds.
 """
 
@@ -22,24 +23,6 @@ NAME = "capacity"
 DEFAULT_MEMORY_GB = 80.0
 GB = 10**9
 
-# The models whose weights the table knows: parameters (counted from each model's config: embeddings, every layer's
-# projections and norms, the final norm and an untied LM head) and the dtype of the checkpoint, which dtype=auto
-# loads. Keyed by config.model.name, the report's model column (conf/model/*.yaml; a hub model's last path part).
-# These facts are not fields of conf/model/*.yaml: a new key there would enter every run's resolved config, its
-# fingerprint (evaluate/points/config.py) and its baseline key, so runs made before and after would no longer
-# resume or pair.
-MODEL_WEIGHTS: dict[str, tuple[int, str]] = {
-    "Llama-3.1-8B-Instruct": (8_030_261_248, "bfloat16"),  # conf/model/llama3_1_8b_instruct.yaml
-    "Qwen3-8B": (8_190_735_360, "bfloat16"),  # conf/model/qwen3_8b.yaml
-    "SmolLM2-135M-Instruct": (
-        134_515_008,
-        "bfloat16",
-    ),  # model=hub model.name_or_path=HuggingFaceTB/SmolLM2-135M-Instruct
-    # conf/model/smollm2_135m.yaml: the GGUF is dequantized to float32 (evaluate/models/sources.py) and saved so
-    "smollm2-135m": (134_515_008, "float32"),
-}
-DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2}
-
 
 def check_memory(memory_gb: float) -> float:
     """``memory_gb`` when it is a finite number of GB above zero; ConfigError in one line otherwise."""
@@ -49,16 +32,6 @@ def check_memory(memory_gb: float) -> float:
             f"(default: {DEFAULT_MEMORY_GB:g}, an 80 GB GPU)"
         )
     return memory_gb
-
-
-def weights_bytes(model: str, dtype: str | None) -> int | None:
-    """The bytes of ``model``'s weights loaded in ``dtype`` (``auto`` or None: its checkpoint's), None when the
-    model or the dtype is unknown."""
-    if model not in MODEL_WEIGHTS:
-        return None
-    parameters, checkpoint = MODEL_WEIGHTS[model]
-    dtype = checkpoint if dtype in (None, "auto") else str(dtype).removeprefix("torch.")
-    return parameters * DTYPE_BYTES[dtype] if dtype in DTYPE_BYTES else None
 
 
 def rows_that_fit(memory_bytes: float, weights: int | None, bytes_per_row: float | None) -> int | None:
@@ -86,7 +59,7 @@ def capacity_table(
     records = []
     for point in level.itertuples():
         run = runs[point.run]
-        weights = weights_bytes(point.model, run.config.get("dtype"))
+        weights = run.run.get("model_weights_bytes")
         rows = rows_that_fit(memory, weights, point.kv_bytes_held_per_context)
         baseline = point.run if point.reference else (None if pd.isna(point.baseline) else int(point.baseline))
         uncompressed = None if baseline is None else rows_that_fit(memory, weights, held[baseline])
@@ -141,7 +114,7 @@ def _speed(speed, batch, device) -> str:
 def _notes(level: pd.DataFrame, found: pd.DataFrame, memory_gb: float) -> list[str]:
     notes = [
         f"Rows that fit = floor(({memory_gb:g} GB − weights) / KV bytes held per row), GB = 10⁹ bytes "
-        "(`--serving-memory-gb`); weights = parameters × the bytes of the dtype the run loaded the model in. They "
+        "(`--serving-memory-gb`); weights = the bytes the model's parameters held as the run loaded them. They "
         "count the KV cache alone: no activations, no fragmentation, no framework overhead, so a server holds fewer. "
         f"Uncompressed: the same for the run's `{NO_PRESS}` baseline (its own for an uncompressed run); × rows: rows "
         "that fit over the uncompressed rows that fit. Definition: docs/results.md#serving-capacity.",
@@ -159,8 +132,8 @@ def _notes(level: pd.DataFrame, found: pd.DataFrame, memory_gb: float) -> list[s
     unknown = level.model[found.weights.isna()].unique()
     if len(unknown):
         notes.append(
-            f"Weights unknown for {', '.join(sorted(unknown))}: a model (and dtype) not in "
-            "evaluate/report/capacity.py's MODEL_WEIGHTS, so no rows are counted."
+            f"Weights unknown for {', '.join(sorted(unknown))}: runs recorded before run.json measured the model's "
+            "weights (model_weights_bytes), so no rows are counted."
         )
     if level.kv_bytes_held_per_context.isna().any():
         notes.append("`-` KV MiB held: the run recorded no kv_bytes_held_per_context (a run made before it existed).")

@@ -26,7 +26,7 @@ from evaluate.engine.pipeline_engine import PipelineEngine, check_generation_fit
 from evaluate.engine.pool_engine import PoolEngine
 from evaluate.engine.requests import AnsweredGroup, Prefilled
 from evaluate.errors import ConfigError, RunIncomplete, exit_code, fail, refuse, stop_on_signals
-from evaluate.models.loading import Models, prepare_model, warn_if_unpatched
+from evaluate.models.loading import Models, prepare_model, warn_if_unpatched, weights_bytes
 from evaluate.points.config import compresses, described_press, refuse_unread_knobs, validate, validate_choices
 from evaluate.points.plan import Plan
 from evaluate.points.point import Point, PointSpec, resolve
@@ -280,6 +280,7 @@ def _load_model(pending: list[Recorder], models: Models, tokenizer):
     warn_if_unpatched(model)
     for recorder in pending:
         check_generation_fits(recorder.plan, model, tokenizer)
+        recorder.note_weights(weights_bytes(model))
     return model
 
 

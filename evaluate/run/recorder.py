@@ -211,6 +211,7 @@ class Recorder:
         self.truncated: int | None = None
         self.path: str | None = None
         self.path_why: str | None = None
+        self.weights_bytes: int | None = None
         self.tracker = Tracker()
 
     def start(self) -> None:
@@ -259,6 +260,10 @@ class Recorder:
 
     def note_truncated(self, count: int) -> None:
         self.truncated = count
+
+    def note_weights(self, count: int) -> None:
+        """The bytes of the model's weights as this session loaded them, kept in run.json."""
+        self.weights_bytes = count
 
     def note_path(self, path: str, why: str) -> None:
         """Which engine answers this session (``pool`` or kvpress's ``pipeline``) and why, kept in run.json."""
@@ -432,6 +437,7 @@ class Recorder:
             "errors": self.n_errors,
             "truncated_samples": self.truncated,
             **({"answered_by": {"path": self.path, "why": self.path_why}} if self.path else {}),
+            **({"model_weights_bytes": self.weights_bytes} if self.weights_bytes else {}),
             **self.stats.record(peak_memory_mb(self.plan.spec.device, self.plan.spec.device_map)),
             "device": self.plan.spec.device,
             "sessions": self.stats.sessions,
@@ -496,6 +502,11 @@ class Recorder:
             "samples_expected": len(plan.samples),
             "errors": errors,
             "truncated_samples": max(truncated, default=None),
+            **(
+                {"model_weights_bytes": weights[0]}
+                if (weights := [r["model_weights_bytes"] for r in every if r.get("model_weights_bytes")])
+                else {}
+            ),
             **stats.record(max((record.get("peak_memory_mb") or 0.0 for record in every), default=0.0)),
             "device": self.plan.spec.device,
             "sessions": stats.sessions,
