@@ -183,7 +183,9 @@ def test_a_likelihood_failure_fails_its_samples_by_name_and_the_run_goes_on(tmp_
     def broken(*args, **kwargs):
         raise RuntimeError("teacher forcing is broken")
 
-    monkeypatch.setattr(f"evaluate.engine.{'pooled' if path == 'pool' else 'pipeline'}.teacher_forced", broken)
+    monkeypatch.setattr(
+        f"evaluate.engine.{'pool_engine' if path == 'pool' else 'pipeline_engine'}.teacher_forced", broken
+    )
     cfg = config(
         tmp_path, "press=topk", "scorer=snapkv", "cr=0.5", *(["decode_batch_size=1"] if path == "pipeline" else [])
     )
