@@ -25,6 +25,7 @@ from evaluate.engine.requests import AnsweredGroup, DecodeRequest, Prefilled, Ro
 from evaluate.engine.score_memo import ScoreMemo
 from evaluate.engine.teacher_forcing import forcing_pool, likelihood_fields, reference_answer_ids, teacher_forced
 from evaluate.points.plan import Plan
+from evaluate.points.press_traits import decoding_part, prefill_part
 
 
 @dataclass
@@ -247,7 +248,8 @@ class PoolEngine:
         try:
             ids = context.question_ids(group, plan.spec.query_aware)
             with torch.no_grad(), stream.active():
-                cache = compressed_cache(plan.press, self.layers, context.capture.captured, scores)
+                # A decoding-time press's prefill part here; its decoding part compresses each row in the pool.
+                cache = compressed_cache(prefill_part(plan.press), self.layers, context.capture.captured, scores)
             kept_ratio = measure_kept_ratio(self.model, cache, context.length)
             held, kept = kv_bytes(self.model, cache)
             # AdaKV's masks belong to this cache alone: they travel with its rows, and leave the modules.
@@ -269,9 +271,12 @@ class PoolEngine:
             yield result
             return
         max_new_tokens = key[2]
+        decoding = decoding_part(plan.press)
         answers = GroupAnswers(result, self.tokenizer, pending=len(ids))
         requests = [
-            DecodeRequest(cache, question, context.length, max_new_tokens, hidden, tag=(answers, index))
+            DecodeRequest(
+                cache, question, context.length, max_new_tokens, hidden, tag=(answers, index), decoding=decoding
+            )
             for index, question in enumerate(ids)
         ]
         loop.submit(answers, requests)
