@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from kvpress import DecodingPress, KnormPress
+from kvpress import AdaKVPress, DecodingPress, KnormPress, PrefillDecodingPress, SnapKVPress
+from omegaconf import OmegaConf
 from transformers import DynamicCache
 
 from evaluate import rundir
@@ -69,6 +70,10 @@ def predictions(cfg) -> dict[str, str]:
     return {row["id"]: row["prediction"] for row in rows}
 
 
+def kept_ratios(cfg) -> dict[str, float]:
+    return {row["id"]: row["kept_ratio"] for row in rundir.read_predictions(run_dir(cfg) / rundir.PREDICTIONS)}
+
+
 def config(tmp_path: Path, path: Path, method: str, decode_batch_size: int, dtype: str):
     return compose_config(
         tmp_path,
@@ -97,6 +102,9 @@ def test_decoding_presses_in_the_pool_equal_kvpress_evaluate(tmp_path, ruler_fil
     alone = config(tmp_path / "pipeline", ruler_file, method, 1, dtype)
     run(alone)
     assert predictions(alone) == expected
+    # Both paths measure the cache each row's answer left, cut back to its length before the question.
+    assert kept_ratios(pooled) == kept_ratios(alone)
+    assert min(kept_ratios(pooled).values()) < 0.2
 
 
 @pytest.mark.parametrize("method", sorted(REFUSED))
@@ -149,3 +157,55 @@ def test_a_decoding_rows_slot_holds_at_most_its_target_and_interval_once_compres
     assert len(compressed_at) == len(requests)
     assert all(len(steps) >= 3 for steps in compressed_at.values())
     assert len({tuple(steps) for steps in compressed_at.values()}) > 1
+
+
+PREFILL_DECODING = {
+    "_target_": "kvpress.PrefillDecodingPress",
+    "prefilling_press": {"_target_": "kvpress.KnormPress", "compression_ratio": 0.5},
+    "decoding_press": {
+        "_target_": "kvpress.DecodingPress",
+        "base_press": {"_target_": "kvpress.TOVAPress"},
+        "compression_interval": 4,
+        "target_size": 40,
+        "hidden_states_buffer_size": 8,
+    },
+}
+
+
+def test_a_prefill_decoding_press_compresses_at_prefill_and_in_the_pool_as_kvpress_pipeline(tmp_path, ruler_file):
+    """kvpress's PrefillDecodingPress: its prefilling press on the shared prefill, its decoding press in the pool; the
+    harness's pipeline path (kvpress's pipeline, each row asked alone) is the reference."""
+
+    def config(output_dir: Path, decode_batch_size: int):
+        cfg = compose_config(
+            output_dir,
+            "benchmark=ruler",
+            f"benchmark.path={ruler_file}",
+            "limit=null",
+            LIVELY,
+            "press=topk",
+            "scorer=knorm",
+            "cr=0.5",
+            "dtype=float64",
+            f"decode_batch_size={decode_batch_size}",
+        )
+        cfg.press.press = OmegaConf.create(PREFILL_DECODING)
+        return cfg
+
+    pooled, alone = config(tmp_path / "pool", 4), config(tmp_path / "pipeline", 1)
+    run(pooled)
+    run(alone)
+    assert rundir.read_json(run_dir(pooled) / rundir.RUN)["answered_by"]["path"] == "pool"
+    assert predictions(pooled) == predictions(alone)
+    assert len(set(predictions(alone).values())) > 2
+    assert kept_ratios(pooled) == kept_ratios(alone)
+
+
+def test_a_prefill_decoding_press_with_adakv_at_prefill_is_refused_with_a_reason():
+    press = PrefillDecodingPress(
+        prefilling_press=AdaKVPress(SnapKVPress(compression_ratio=0.5)),
+        decoding_press=DecodingPress(KnormPress(), compression_interval=4, target_size=40),
+    )
+    assert "AdaKV masks" in why_not_shared_prefill(press, "sdpa")
+    press.decoding_press = None  # then it is a prefill press like any other
+    assert why_not_shared_prefill(press, "sdpa") is None

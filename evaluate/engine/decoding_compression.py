@@ -138,3 +138,20 @@ def compress_after_pass(cache: RowStore, modules, inputs: LayerInputs, served: l
     for slot, row, batch_index, query_length in served:
         if row.compression is not None:
             row.compression.after_pass(cache, slot, modules, inputs, batch_index, query_length)
+
+
+def kept_after_answer(cache, final_lengths: tuple[int, ...], context_length: int) -> tuple[float, int]:
+    """The kept ratio and bytes kvpress's pipeline path records for a row compressed while decoding: it measures the
+    cache the row's answer left, cut back to each layer's length before the question (``_remove_answer_from_cache``),
+    so each layer counts ``min(final, before)`` pairs (the pool's row is the pipeline's one row: no AdaKV masks).
+
+    ``cache`` is the row's cache before its question (the prefill's, compressed by the press's prefill part).
+    """
+    kept_pairs, kept_bytes, heads = 0, 0, 0
+    for layer, final in zip(cache.layers, final_lengths, strict=True):
+        pairs = min(final, layer.keys.shape[2])
+        per_pair = layer.keys.shape[1] * (layer.keys.shape[3] * layer.keys.element_size()) * 2
+        kept_pairs += pairs * layer.keys.shape[1]
+        heads += layer.keys.shape[1]
+        kept_bytes += pairs * per_pair
+    return kept_pairs / heads / context_length, kept_bytes

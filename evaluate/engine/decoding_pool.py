@@ -15,6 +15,9 @@ batches everything after them:
   question and answer so far. Each row therefore attends exactly the keys one-by-one decoding attends;
 - joiners run their questions as one forward pass of their own (left-padded, so that every row's last question
   token is the last column), then decode with the others.
+- a row whose request has a decoding press (kvpress's ``DecodingPress``) compresses its own cache after each pass
+  it takes part in, on its own schedule, as that press compresses a row decoded alone
+  (evaluate/engine/decoding_compression.py); the other rows are untouched by it.
 
 The pool is three pieces, in the manner of vLLM's v1 engine: this scheduler (admission, continuous batching, the
 memory budget: how many slots, when to grow or compact them), the slot cache (evaluate/engine/slot_cache.py: what a
@@ -227,9 +230,10 @@ class DecodingPool:
         return []
 
     def _leave(self, slot: int, row: RunningRow, output) -> FinishedRow:
+        final = tuple(self.cache.host_lengths[:, slot].tolist()) if row.compression is not None else None
         self.rows[slot] = None
         self.cache.free(slot)
-        return FinishedRow(row.request.tag, output, row.cost)
+        return FinishedRow(row.request.tag, output, row.cost, final)
 
     def _compact(self) -> None:
         """Once no row waits and most slots are idle, decode the remaining rows in a smaller buffer."""

@@ -17,6 +17,7 @@ from transformers import DynamicCache
 
 from evaluate.benchmarks import Sample
 from evaluate.engine.cost import Cost, kv_bytes, measure_kept_ratio
+from evaluate.engine.decoding_compression import kept_after_answer
 from evaluate.engine.decoding_pool import DecodingPool
 from evaluate.engine.devices import cuda_devices, input_device
 from evaluate.engine.pipeline_engine import chat_template_enabled, make_pipeline, pipeline_budget
@@ -35,10 +36,16 @@ class GroupAnswers:
     result: AnsweredGroup
     tokenizer: object
     pending: int = 0
+    prefill_cache: DynamicCache | None = None
 
-    def arrive(self, index: int, tokens: list[int], row_cost: RowCost) -> None:
+    def arrive(self, index: int, tokens: list[int], row_cost: RowCost, kept: tuple[float, int] | None = None) -> None:
+        """A row's answer and cost; for a row compressed while decoding, ``kept``: the kept ratio and bytes of the cache
+        it left (:func:`evaluate.engine.decoding_compression.kept_after_answer`), which replace the prefill's."""
         self.result.answers[index] = str(self.tokenizer.decode(tokens, skip_special_tokens=True))
         cost = self.result.cost
+        if kept is not None:
+            self.result.kept_ratio = kept[0]
+            cost.kv_bytes_held = cost.kv_bytes_kept = kept[1]
         cost.decode_seconds += row_cost.decode_seconds
         cost.forward_passes += row_cost.forward_passes
         cost.generated_tokens += row_cost.generated_tokens
@@ -140,7 +147,10 @@ class PoolLoop:
             return failed
         for row in finished:
             answers, index = row.tag
-            answers.arrive(index, row.output, row.cost)
+            kept = None
+            if row.final_lengths is not None:
+                kept = kept_after_answer(answers.prefill_cache, row.final_lengths, answers.result.context_length)
+            answers.arrive(index, row.output, row.cost, kept)
         complete = [answers.result for answers in self.outstanding if answers.complete]
         self.outstanding[:] = [answers for answers in self.outstanding if not answers.complete]
         return complete
@@ -272,7 +282,7 @@ class PoolEngine:
             return
         max_new_tokens = key[2]
         decoding = decoding_part(plan.press)
-        answers = GroupAnswers(result, self.tokenizer, pending=len(ids))
+        answers = GroupAnswers(result, self.tokenizer, pending=len(ids), prefill_cache=cache)
         requests = [
             DecodeRequest(
                 cache, question, context.length, max_new_tokens, hidden, tag=(answers, index), decoding=decoding

@@ -86,11 +86,13 @@ class RunningRow:
 @dataclass
 class FinishedRow:
     """What a pool step gives back for a row that left: the greedy tokens (or the teacher-forced log-probabilities),
-    its cost, and its request's ``tag``."""
+    its cost, and its request's ``tag``; for a row that compressed while decoding, each layer's length when it left
+    (``final_lengths``)."""
 
     tag: object
     output: list[int] | torch.Tensor
     cost: RowCost
+    final_lengths: tuple[int, ...] | None = None
 
 
 def hidden_keys(attention_modules) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, ...]:

@@ -138,7 +138,13 @@ def why_not_shared_prefill(press: BasePress | None, attention: str) -> str | Non
     if attention == "eager":
         return "under eager attention a press may read the attention weights, which a shared prefill does not keep"
     if type(press) in (DecodingPress, PrefillDecodingPress):
-        return why_not_pooled_decoding(decoding_part(press)) or why_not_shared_prefill(prefill_part(press), attention)
+        decoding, prefill = decoding_part(press), prefill_part(press)
+        if decoding is not None and any(isinstance(member, AdaKVPress) for member in members(prefill)):
+            return (
+                "kvpress keeps the prefill's AdaKV masks on the modules after a decoding compression has moved the "
+                "keys they index, which the pool's masks do not reproduce"
+            )
+        return why_not_pooled_decoding(decoding) or why_not_shared_prefill(prefill, attention)
     for method in ("forward_hook", "__call__"):
         if getattr(type(press), method) is not getattr(BasePress, method):
             return f"{type(press).__name__} overrides BasePress.{method}: it acts beyond each layer's compress call"
