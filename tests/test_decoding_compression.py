@@ -88,6 +88,7 @@ def config(tmp_path: Path, path: Path, method: str, decode_batch_size: int, dtyp
     )
 
 
+@pytest.mark.slow  # kvpress's reference and two whole runs of eight 32-token answers: 20 to 40 s a case
 @pytest.mark.parametrize(
     ("method", "dtype"), [*((method, "float64") for method in POOLED), ("decoding_streaming_llm", "float32")]
 )
@@ -172,6 +173,7 @@ PREFILL_DECODING = {
 }
 
 
+@pytest.mark.slow  # two whole runs: about 20 s
 def test_a_prefill_decoding_press_compresses_at_prefill_and_in_the_pool_as_kvpress_pipeline(tmp_path, ruler_file):
     """kvpress's PrefillDecodingPress: its prefilling press on the shared prefill, its decoding press in the pool; the
     harness's pipeline path (kvpress's pipeline, each row asked alone) is the reference."""

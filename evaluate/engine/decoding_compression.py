@@ -123,10 +123,9 @@ class RowCompression:
         written back into its slot; the layer's counter reset and its buffer cleared, as kvpress's hook does."""
         keys, values = cache.row(layer_idx, slot)
         hidden = torch.cat(self.buffers[layer_idx], dim=1)
-        length = keys.shape[2]
-        keys, values = self.press.compress(module, hidden, keys, values, None, kwargs)
-        if keys.shape[2] != length:
-            cache.replace_row(layer_idx, slot, keys, values)
+        compressed = self.press.compress(module, hidden, keys, values, None, kwargs)
+        if compressed[0] is not keys:  # a ratio of 0 (a cache within its target) gives the same tensors back
+            cache.replace_row(layer_idx, slot, *compressed)
         self.steps[layer_idx] = 0
         self.buffers[layer_idx] = []
         self.compressions += 1

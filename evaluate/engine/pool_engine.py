@@ -282,7 +282,9 @@ class PoolEngine:
             return
         max_new_tokens = key[2]
         decoding = decoding_part(plan.press)
-        answers = GroupAnswers(result, self.tokenizer, pending=len(ids), prefill_cache=cache)
+        # A row compressed while decoding measures what its answer left against this cache (GroupAnswers.arrive).
+        prefill_cache = cache if decoding is not None else None
+        answers = GroupAnswers(result, self.tokenizer, pending=len(ids), prefill_cache=prefill_cache)
         requests = [
             DecodeRequest(
                 cache, question, context.length, max_new_tokens, hidden, tag=(answers, index), decoding=decoding
