@@ -15,10 +15,14 @@ from evaluate.registry import PRESS_REGISTRY
 from evaluate.run.entry import run, run_sweep
 from tests.support import CONF_DIR, compose_config, with_shared_context
 
-# Registry entries whose whole effect is the compress call after each layer's attention.
-SHARED = {"snapkv", "knorm", "tova", "adakv_snapkv", "chunkkv", "expected_attention", "pyramidkv", "think", "lagkv"}
-# Entries that hook elsewhere: decoding-time compression, extra forward passes, several presses in sequence.
-PIPELINE = {"decoding_knorm", "kvzip", "finch", "snap_think", "cam_tova", "kvcompose", "fastkvzip"}
+# Registry entries whose whole effect is the compress call after each layer's attention, and kvpress's own
+# DecodingPress, whose decoding compression the pool runs row by row (evaluate/engine/decoding_compression.py).
+SHARED = {
+    "snapkv", "knorm", "tova", "adakv_snapkv", "chunkkv", "expected_attention", "pyramidkv", "think", "lagkv",
+    "decoding_knorm",
+}  # fmt: skip
+# Entries that hook elsewhere: other decoding-time compression, extra forward passes, several presses in sequence.
+PIPELINE = {"kvzip", "finch", "snap_think", "cam_tova", "kvcompose", "fastkvzip"}
 
 
 @pytest.mark.parametrize("entry", sorted(SHARED | PIPELINE))
@@ -104,7 +108,8 @@ def test_every_trait_is_read_off_one_table_verified_traits_for_the_named_class_o
     assert not press_traits.traits(kvpress.PyramidKVPress).read_only  # a SnapKV with its own compress
     non_eager = (kvpress.AdaKVPress, kvpress.ChunkKVPress, kvpress.EntropyGatedChunkKVPress)
     assert having("needs_non_eager") == {cls.__qualname__ for cls in classes if issubclass(cls, non_eager)}
-    assert having("decodes") == {cls.__qualname__ for cls in classes if issubclass(cls, kvpress.DecodingPress)}
+    decoding = (kvpress.DecodingPress, kvpress.PrefillDecodingPress)
+    assert having("decodes") == {cls.__qualname__ for cls in classes if issubclass(cls, decoding)}
     assert having("needs_eager") == {"ObservedAttentionPress"}
     assert having("needs_query_aware") == having("changes_model") == {"FinchPress"}
     assert having("downloads") == {

@@ -15,6 +15,9 @@ batches everything after them:
   question and answer so far. Each row therefore attends exactly the keys one-by-one decoding attends;
 - joiners run their questions as one forward pass of their own (left-padded, so that every row's last question
   token is the last column), then decode with the others.
+- a row whose request has a decoding press (kvpress's ``DecodingPress``) compresses its own cache after each pass
+  it takes part in, on its own schedule, as that press compresses a row decoded alone
+  (evaluate/engine/decoding_compression.py); the other rows are untouched by it.
 
 The pool is three pieces, in the manner of vLLM's v1 engine: this scheduler (admission, continuous batching, the
 memory budget: how many slots, when to grow or compact them), the slot cache (evaluate/engine/slot_cache.py: what a
@@ -29,11 +32,13 @@ rounding (tests/test_decoding.py, tests/test_kvpress_equivalence.py).
 import logging
 import os
 from collections import Counter, deque
+from contextlib import nullcontext
 from dataclasses import replace
 
 import torch
 
 from evaluate.engine.attention import pool_attention_active
+from evaluate.engine.decoding_compression import LayerInputs, compress_after_pass
 from evaluate.engine.devices import layer_devices
 from evaluate.engine.model_runner import ModelRunner
 from evaluate.engine.requests import DecodeRequest, FinishedRow, RunningRow
@@ -87,6 +92,7 @@ class DecodingPool:
         self.rows: list[RunningRow | None] = []
         self.cache: SlotCache | None = None
         self.warned_budget = False
+        self.attention_modules = [layer.self_attn for layer in model.model.layers]
 
     @property
     def forward_passes(self) -> int:
@@ -127,15 +133,29 @@ class DecodingPool:
         """Admit waiting rows into free slots (their questions in one pass), then decode one token for every row;
         returns the rows that finished."""
         finished: list[FinishedRow] = []
-        with torch.no_grad(), pool_attention_active(self.model):
-            finished += self._admit()
+        with torch.no_grad(), pool_attention_active(self.model), self._layer_inputs() as inputs:
+            finished += self._admit(inputs)
             if any(row is not None for row in self.rows):
                 tokens = self.runner.decode(self.cache, self.rows)
+                served = [(slot, row, slot, 1) for slot, row in enumerate(self.rows) if row is not None]
+                self._compress(inputs, served)
                 for slot, (row, token) in enumerate(zip(self.rows, tokens, strict=True)):
                     if row is not None:
                         finished += self._append(slot, row, token)
             self._compact()
         return finished
+
+    def _layer_inputs(self):
+        """The attention inputs of this step's passes, kept only while a row compresses as it decodes."""
+        requests = [*self.waiting, *(row.request for row in self.rows if row is not None)]
+        if any(request.decoding is not None for request in requests):
+            return LayerInputs(self.attention_modules)
+        return nullcontext()
+
+    def _compress(self, inputs: LayerInputs | None, served: list[tuple]) -> None:
+        """Each served row's decoding compression after a pass (evaluate/engine/decoding_compression.py)."""
+        if inputs is not None:
+            compress_after_pass(self.cache, self.attention_modules, inputs, served)
 
     # Slots
 
@@ -145,7 +165,7 @@ class DecodingPool:
         self.cache = SlotCache.allocate(self.model, slots, capacity, self.cache, occupied)
         self.rows = [self.rows[slot] for slot in occupied] + [None] * (slots - len(occupied))
 
-    def _admit(self) -> list[FinishedRow]:
+    def _admit(self, inputs: LayerInputs | None = None) -> list[FinishedRow]:
         if not self.waiting:
             return []
         active = sum(row is not None for row in self.rows)
@@ -168,6 +188,9 @@ class DecodingPool:
             return []
         rows = [self.rows[slot] for slot in joining]
         outputs = self.runner.ask_questions(self.cache, joining, rows)
+        pairs = enumerate(zip(joining, rows, strict=True))
+        served = [(slot, row, line, row.request.input_ids.shape[1]) for line, (slot, row) in pairs]
+        self._compress(inputs, served)
         finished = []
         for slot, row, output in zip(joining, rows, outputs, strict=True):
             if row.request.answer_ids is None:
@@ -207,9 +230,10 @@ class DecodingPool:
         return []
 
     def _leave(self, slot: int, row: RunningRow, output) -> FinishedRow:
+        final = tuple(self.cache.host_lengths[:, slot].tolist()) if row.compression is not None else None
         self.rows[slot] = None
         self.cache.free(slot)
-        return FinishedRow(row.request.tag, output, row.cost)
+        return FinishedRow(row.request.tag, output, row.cost, final)
 
     def _compact(self) -> None:
         """Once no row waits and most slots are idle, decode the remaining rows in a smaller buffer."""

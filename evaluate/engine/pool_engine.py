@@ -17,6 +17,7 @@ from transformers import DynamicCache
 
 from evaluate.benchmarks import Sample
 from evaluate.engine.cost import Cost, kv_bytes, measure_kept_ratio
+from evaluate.engine.decoding_compression import kept_after_answer
 from evaluate.engine.decoding_pool import DecodingPool
 from evaluate.engine.devices import cuda_devices, input_device
 from evaluate.engine.pipeline_engine import chat_template_enabled, make_pipeline, pipeline_budget
@@ -25,6 +26,7 @@ from evaluate.engine.requests import AnsweredGroup, DecodeRequest, Prefilled, Ro
 from evaluate.engine.score_memo import ScoreMemo
 from evaluate.engine.teacher_forcing import forcing_pool, likelihood_fields, reference_answer_ids, teacher_forced
 from evaluate.points.plan import Plan
+from evaluate.points.press_traits import decoding_part, prefill_part
 
 
 @dataclass
@@ -34,10 +36,16 @@ class GroupAnswers:
     result: AnsweredGroup
     tokenizer: object
     pending: int = 0
+    prefill_cache: DynamicCache | None = None
 
-    def arrive(self, index: int, tokens: list[int], row_cost: RowCost) -> None:
+    def arrive(self, index: int, tokens: list[int], row_cost: RowCost, kept: tuple[float, int] | None = None) -> None:
+        """A row's answer and cost; for a row compressed while decoding, ``kept``: the kept ratio and bytes of the cache
+        it left (:func:`evaluate.engine.decoding_compression.kept_after_answer`), which replace the prefill's."""
         self.result.answers[index] = str(self.tokenizer.decode(tokens, skip_special_tokens=True))
         cost = self.result.cost
+        if kept is not None:
+            self.result.kept_ratio = kept[0]
+            cost.kv_bytes_held = cost.kv_bytes_kept = kept[1]
         cost.decode_seconds += row_cost.decode_seconds
         cost.forward_passes += row_cost.forward_passes
         cost.generated_tokens += row_cost.generated_tokens
@@ -139,7 +147,10 @@ class PoolLoop:
             return failed
         for row in finished:
             answers, index = row.tag
-            answers.arrive(index, row.output, row.cost)
+            kept = None
+            if row.final_lengths is not None:
+                kept = kept_after_answer(answers.prefill_cache, row.final_lengths, answers.result.context_length)
+            answers.arrive(index, row.output, row.cost, kept)
         complete = [answers.result for answers in self.outstanding if answers.complete]
         self.outstanding[:] = [answers for answers in self.outstanding if not answers.complete]
         return complete
@@ -247,7 +258,8 @@ class PoolEngine:
         try:
             ids = context.question_ids(group, plan.spec.query_aware)
             with torch.no_grad(), stream.active():
-                cache = compressed_cache(plan.press, self.layers, context.capture.captured, scores)
+                # A decoding-time press's prefill part here; its decoding part compresses each row in the pool.
+                cache = compressed_cache(prefill_part(plan.press), self.layers, context.capture.captured, scores)
             kept_ratio = measure_kept_ratio(self.model, cache, context.length)
             held, kept = kv_bytes(self.model, cache)
             # AdaKV's masks belong to this cache alone: they travel with its rows, and leave the modules.
@@ -269,9 +281,14 @@ class PoolEngine:
             yield result
             return
         max_new_tokens = key[2]
-        answers = GroupAnswers(result, self.tokenizer, pending=len(ids))
+        decoding = decoding_part(plan.press)
+        # A row compressed while decoding measures what its answer left against this cache (GroupAnswers.arrive).
+        prefill_cache = cache if decoding is not None else None
+        answers = GroupAnswers(result, self.tokenizer, pending=len(ids), prefill_cache=prefill_cache)
         requests = [
-            DecodeRequest(cache, question, context.length, max_new_tokens, hidden, tag=(answers, index))
+            DecodeRequest(
+                cache, question, context.length, max_new_tokens, hidden, tag=(answers, index), decoding=decoding
+            )
             for index, question in enumerate(ids)
         ]
         loop.submit(answers, requests)

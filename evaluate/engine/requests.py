@@ -4,9 +4,11 @@ the row while it runs, and the row it finished with its share of the work."""
 from dataclasses import dataclass, field
 
 import torch
+from kvpress import DecodingPress
 from transformers import DynamicCache
 
 from evaluate.engine.cost import Cost
+from evaluate.engine.decoding_compression import RowCompression, decoding_slot_length
 
 
 @dataclass
@@ -30,6 +32,9 @@ class DecodeRequest:
     the question in the row's one forward pass, and the finished row's output is the float32 log-probabilities
     ([answer tokens, vocabulary]) of the tokens at the answer's positions; the row then leaves, having generated
     nothing.
+
+    With ``decoding`` (a kvpress ``DecodingPress``) the row compresses its own cache while it decodes, on its own
+    schedule (evaluate/engine/decoding_compression.py).
     """
 
     cache: DynamicCache
@@ -39,6 +44,7 @@ class DecodeRequest:
     hidden: tuple[tuple[torch.Tensor, torch.Tensor] | None, ...] = ()
     answer_ids: torch.Tensor | None = None
     tag: object = None
+    decoding: DecodingPress | None = None
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -56,26 +62,37 @@ class DecodeRequest:
         # A teacher-forced row generates nothing, but keeps one spare position: the slot's last one, which padding
         # columns write into (SlotCache.update).
         answer = self.max_new_tokens if self.answer_ids is None else 1
-        return max(layer.keys.shape[2] for layer in self.cache.layers) + self.input_ids.shape[1] + answer
+        longest = max(layer.keys.shape[2] for layer in self.cache.layers)
+        if self.decoding is not None and self.answer_ids is None:
+            return decoding_slot_length(self.decoding, longest, self.input_ids.shape[1], self.max_new_tokens)
+        return longest + self.input_ids.shape[1] + answer
 
 
 @dataclass
 class RunningRow:
-    """A request while it holds a slot: the tokens so far and its cost."""
+    """A request while it holds a slot: the tokens so far, its cost, and its decoding-compression state if its
+    request has a decoding press."""
 
     request: DecodeRequest
     tokens: list[int] = field(default_factory=list)
     cost: RowCost = field(default_factory=RowCost)
+    compression: RowCompression | None = None
+
+    def __post_init__(self) -> None:
+        if self.request.decoding is not None and self.request.answer_ids is None and self.compression is None:
+            self.compression = RowCompression(self.request.decoding, len(self.request.cache.layers))
 
 
 @dataclass
 class FinishedRow:
     """What a pool step gives back for a row that left: the greedy tokens (or the teacher-forced log-probabilities),
-    its cost, and its request's ``tag``."""
+    its cost, and its request's ``tag``; for a row that compressed while decoding, each layer's length when it left
+    (``final_lengths``)."""
 
     tag: object
     output: list[int] | torch.Tensor
     cost: RowCost
+    final_lengths: tuple[int, ...] | None = None
 
 
 def hidden_keys(attention_modules) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, ...]:

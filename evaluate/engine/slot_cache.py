@@ -279,5 +279,24 @@ class SlotCache:
         causal = torch.arange(end, device=keys.device)[None, None, :] <= last_seen[:, :, None]
         return slice(None), keys, values, visible[:, :, None, :] & causal[:, None, :, :]
 
+    def row(self, layer_idx: int, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A copy of one row's keys and values on one layer, [1, heads, length, head_dim], contiguous as a batch-1
+        ``DynamicCache`` holds them (a decoding press compresses them: evaluate/engine/decoding_compression.py)."""
+        length = int(self.host_lengths[layer_idx, slot])
+        keys = self.keys[layer_idx][slot : slot + 1, :, :length].clone()
+        return keys, self.values[layer_idx][slot : slot + 1, :, :length].clone()
+
+    def replace_row(self, layer_idx: int, slot: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """One row's layer replaced by ``keys`` and ``values`` (shorter, after a decoding compression), left-aligned
+        and all visible; the positions after them hidden."""
+        length = keys.shape[2]
+        self.keys[layer_idx][slot, :, :length] = keys[0]
+        self.values[layer_idx][slot, :, :length] = values[0]
+        visible = self.visible[layer_idx][slot]
+        visible.fill_(False)
+        visible[:, :length] = True
+        self.lengths[layer_idx][slot] = length
+        self.host_lengths[layer_idx, slot] = length
+
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return int(self.host_lengths[layer_idx].max())

@@ -21,6 +21,7 @@ from kvpress import (
     KVzapPress,
     LUKVPress,
     ObservedAttentionPress,
+    PrefillDecodingPress,
     QFilterPress,
     RandomPress,
     RestoreKVPress,
@@ -87,6 +88,7 @@ TRAITS: dict[type[BasePress], Traits] = {
     ObservedAttentionPress: Traits(needs_eager=True),
     FinchPress: Traits(needs_query_aware=True, changes_model=True),
     DecodingPress: Traits(decodes=True),
+    PrefillDecodingPress: Traits(decodes=True),
     DuoAttentionPress: Traits(
         downloads="DuoAttention's attention patterns (from its GitHub repository, for a few checkpoints)"
     ),
@@ -126,16 +128,70 @@ def why_not_shared_prefill(press: BasePress | None, attention: str) -> str | Non
     """Why ``press`` cannot be applied to a prefill shared with other sweep points; None when it can.
 
     A press shares the prefill when its whole effect is the ``compress`` call kvpress's forward hook makes after
-    each layer's attention: its class keeps ``BasePress``'s hook and context manager. Presses that hook
-    elsewhere (decoding-time presses, extra forward passes, delimiter tokens) answer through kvpress's pipeline.
+    each layer's attention: its class keeps ``BasePress``'s hook and context manager. kvpress's ``DecodingPress`` and
+    ``PrefillDecodingPress`` (exactly these classes) share it too: the prefill part (none, or the prefilling press)
+    on the shared prefill, the decoding part in the pool (:func:`why_not_pooled_decoding`). Presses that hook
+    elsewhere (other decoding-time presses, extra forward passes, delimiter tokens) answer through kvpress's pipeline.
     """
     if press is None:
         return None
     if attention == "eager":
         return "under eager attention a press may read the attention weights, which a shared prefill does not keep"
+    if type(press) in (DecodingPress, PrefillDecodingPress):
+        decoding, prefill = decoding_part(press), prefill_part(press)
+        if decoding is not None and any(isinstance(member, AdaKVPress) for member in members(prefill)):
+            return (
+                "kvpress keeps the prefill's AdaKV masks on the modules after a decoding compression has moved the "
+                "keys they index, which the pool's masks do not reproduce"
+            )
+        return why_not_pooled_decoding(decoding) or why_not_shared_prefill(prefill, attention)
     for method in ("forward_hook", "__call__"):
         if getattr(type(press), method) is not getattr(BasePress, method):
             return f"{type(press).__name__} overrides BasePress.{method}: it acts beyond each layer's compress call"
+    return None
+
+
+def prefill_part(press: BasePress | None) -> BasePress | None:
+    """What of ``press`` compresses at the prefill: a ``PrefillDecodingPress``'s prefilling press, nothing of a
+    ``DecodingPress`` (kvpress's pipeline runs the prefill without its hooks), any other press whole."""
+    if isinstance(press, DecodingPress):
+        return None
+    if isinstance(press, PrefillDecodingPress):
+        return press.prefilling_press
+    return press
+
+
+def decoding_part(press: BasePress | None) -> DecodingPress | None:
+    """What of ``press`` compresses while decoding: a ``DecodingPress`` itself, a ``PrefillDecodingPress``'s
+    decoding press, else nothing."""
+    if isinstance(press, DecodingPress):
+        return press
+    if isinstance(press, PrefillDecodingPress):
+        return press.decoding_press
+    return None
+
+
+def why_not_pooled_decoding(press: DecodingPress | None) -> str | None:
+    """Why the decoding pool cannot compress each row as kvpress's ``DecodingPress`` compresses it alone (None when
+    it can: evaluate/engine/decoding_compression.py).
+
+    - A subclass may hook or compress otherwise (CAM).
+    - AdaKV as the base press masks keys with fake keys that kvpress's attention patch writes into the cache itself,
+      where its next compression scores them (and an unmasked position keeps its stale fake key): the pool hides
+      keys with its mask instead, which gives the same attention but not the same later scores.
+    - A base press drawing random numbers would draw them in the pool's order of rows, not its run's.
+    """
+    if press is None:
+        return None
+    if type(press) is not DecodingPress:
+        return f"{type(press).__name__} overrides DecodingPress: only kvpress's own schedule is reproduced in the pool"
+    if isinstance(press.base_press, AdaKVPress):
+        return (
+            "AdaKV under a DecodingPress scores the fake keys kvpress writes into the cache, which the pool's "
+            "masks do not reproduce"
+        )
+    if any(isinstance(member, RandomPress) for member in members(press)):
+        return "its base press draws random numbers while decoding, in an order the pool's interleaved rows change"
     return None
 
 
@@ -144,7 +200,7 @@ def members(press: BasePress | None) -> list[BasePress]:
     if press is None:
         return []
     found = [press]
-    for name in ("press", "base_press"):
+    for name in ("press", "base_press", "prefilling_press", "decoding_press"):
         inner = getattr(press, name, None)
         if isinstance(inner, BasePress):
             found += members(inner)

@@ -30,7 +30,7 @@ from evaluate.models.loading import Models, prepare_model, warn_if_unpatched, we
 from evaluate.points.config import compresses, described_press, refuse_unread_knobs, validate, validate_choices
 from evaluate.points.plan import Plan
 from evaluate.points.point import Point, PointSpec, resolve
-from evaluate.points.press_traits import changes_the_model, why_not_shared_prefill
+from evaluate.points.press_traits import changes_the_model, decoding_part, why_not_shared_prefill
 from evaluate.points.settings import typed
 from evaluate.run.planning import make_plan
 from evaluate.run.recorder import AnsweringClock, Recorder, describe
@@ -47,6 +47,11 @@ def answer_path(plan: Plan, model) -> tuple[str, str]:
     if reason is not None:
         logger.info("%s takes kvpress's pipeline path: %s", plan.out.name, reason)
         return "pipeline", reason
+    if decoding_part(plan.press) is not None:
+        return "pool", (
+            f"the press compresses while decoding: each row compresses its own cache on its own schedule in the pool, "
+            f"its prefill shared (decode_batch_size={plan.spec.decode_batch_size})"
+        )
     return "pool", (
         f"the press acts only after each layer's attention, so the context's prefill is shared and its questions "
         f"are decoded in the pool (decode_batch_size={plan.spec.decode_batch_size})"

@@ -1,0 +1,156 @@
+"""Decoding-time compression in the pool: each row compresses its own cache on its own schedule, as kvpress's
+``DecodingPress`` does for that row decoded alone.
+
+kvpress's ``DecodingPress.forward_hook`` runs after each layer's attention in every forward pass that is not the
+prefill (the question pass counts as a step: all its question tokens are buffered). Per layer it buffers the
+attention's input hidden states, counts steps, and once ``compression_interval`` steps have passed (or the pass has
+at least ``target_size`` tokens) calls its own ``compress`` on the layer's whole cache, which sets the base press's
+ratio to reach ``target_size`` (``_find_target_compression_ratio``) and calls ``base_press.compress``; then the
+buffer is cleared, and it is always trimmed to its last ``hidden_states_buffer_size`` entries.
+
+A layer's compression changes only that layer's cache, and a later layer reads hidden states, never an earlier
+layer's cache, so compressing every layer after the pool's forward pass leaves what compressing each right after its
+attention leaves. :class:`RowCompression` keeps one row's buffers and counters (the state kvpress keeps on the press
+object, which rows of one point share here), and calls the row's press's own ``compress`` with that row's tensors
+alone: its real question columns (never the left-padded joiners' padding), its keys and values in its own order, and
+the forward arguments its base press reads for a batch of one (``position_embeddings`` of the pass's tokens;
+``cache_position`` as transformers numbers the pass after the row's cache). The presses the pool accepts here
+(``press_traits.why_not_pooled_decoding``) read no other argument; one that did would fail loudly on the missing key.
+"""
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import torch
+from kvpress import DecodingPress
+
+
+class RowStore(Protocol):
+    """What a row's compression needs of the pool's slot cache (evaluate/engine/slot_cache.py:SlotCache, which
+    imports the requests, which import this module: named by what it does, not imported)."""
+
+    host_lengths: np.ndarray
+
+    def row(self, layer_idx: int, slot: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def replace_row(self, layer_idx: int, slot: int, keys: torch.Tensor, values: torch.Tensor) -> None: ...
+
+
+def decoding_slot_length(press: DecodingPress, cache_length: int, question_length: int, max_new_tokens: int) -> int:
+    """Positions a decoding row's slot needs: its longest moment, plus the spare last position padding writes to.
+
+    A row writes its question and ``max_new_tokens - 1`` answer tokens (the last token is never fed back). Until its
+    first compression, after ``compression_interval`` steps (the question pass being the first), it holds its cache,
+    question and ``compression_interval - 1`` tokens; after each compression at most ``target_size``, and
+    ``compression_interval`` tokens more before the next.
+    """
+    written = cache_length + question_length + max_new_tokens - 1
+    before_first = cache_length + question_length + press.compression_interval - 1
+    return min(written, max(before_first, press.target_size + press.compression_interval)) + 1
+
+
+class LayerInputs:
+    """Hooks on every attention module that keep a pool pass's per-layer inputs a decoding press reads: the
+    attention's input hidden states and the position embeddings (references, not copies: nothing writes into them)."""
+
+    def __init__(self, modules):
+        self.modules = modules
+        self.hidden: list[torch.Tensor | None] = [None] * len(modules)
+        self.position_embeddings: list[tuple | None] = [None] * len(modules)
+        self.handles: list = []
+
+    def _hook(self, module, args, kwargs, output) -> None:
+        self.hidden[module.layer_idx] = kwargs["hidden_states"]
+        self.position_embeddings[module.layer_idx] = kwargs.get("position_embeddings")
+
+    def __enter__(self) -> "LayerInputs":
+        self.handles = [module.register_forward_hook(self._hook, with_kwargs=True) for module in self.modules]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+
+@dataclass
+class RowCompression:
+    """One row's decoding-compression state: per layer, its hidden-state buffer and its steps since the last
+    compression (what kvpress's ``DecodingPress`` keeps on itself for the one row it decodes)."""
+
+    press: DecodingPress
+    layers: int
+    buffers: list[list[torch.Tensor]] = field(default_factory=list)
+    steps: list[int] = field(default_factory=list)
+    compressions: int = 0
+
+    def __post_init__(self) -> None:
+        self.buffers = [[] for _ in range(self.layers)]
+        self.steps = [0] * self.layers
+
+    def after_pass(
+        self, cache: RowStore, slot: int, modules, inputs: LayerInputs, batch_index: int, query_length: int
+    ) -> None:
+        """What kvpress's hook does after each layer's attention in one of this row's passes: buffer the row's
+        ``query_length`` real columns (the last ones of its line ``batch_index`` in the pass), count the step,
+        compress the layer's cache when due, trim the buffer."""
+        # transformers numbers the pass's tokens after the row's cache as its first layer held it before the pass.
+        start = int(cache.host_lengths[0, slot]) - query_length
+        for layer_idx, module in enumerate(modules):
+            hidden = inputs.hidden[layer_idx][batch_index : batch_index + 1, -query_length:]
+            self.buffers[layer_idx].append(hidden.detach().clone())
+            self.steps[layer_idx] += 1
+            if self.steps[layer_idx] >= self.press.compression_interval or query_length >= self.press.target_size:
+                kwargs = self._kwargs(inputs.position_embeddings[layer_idx], batch_index, query_length, start)
+                self._compress(cache, slot, layer_idx, module, kwargs)
+            size = self.press.hidden_states_buffer_size
+            self.buffers[layer_idx] = self.buffers[layer_idx][-size:] if size > 0 else []
+
+    @staticmethod
+    def _kwargs(position_embeddings, batch_index: int, query_length: int, start: int) -> dict:
+        """The forward arguments kvpress's hook would have passed the press for this row alone."""
+        rows = slice(batch_index, batch_index + 1)
+        cos, sin = position_embeddings
+        device = cos.device
+        return {
+            "position_embeddings": (cos[rows, -query_length:], sin[rows, -query_length:]),
+            "cache_position": torch.arange(start, start + query_length, device=device),
+        }
+
+    def _compress(self, cache: RowStore, slot: int, layer_idx: int, module, kwargs: dict) -> None:
+        """The layer's compression by the row's press's own ``compress`` on the row's own keys and values, the result
+        written back into its slot; the layer's counter reset and its buffer cleared, as kvpress's hook does."""
+        keys, values = cache.row(layer_idx, slot)
+        hidden = torch.cat(self.buffers[layer_idx], dim=1)
+        compressed = self.press.compress(module, hidden, keys, values, None, kwargs)
+        if compressed[0] is not keys:  # a ratio of 0 (a cache within its target) gives the same tensors back
+            cache.replace_row(layer_idx, slot, *compressed)
+        self.steps[layer_idx] = 0
+        self.buffers[layer_idx] = []
+        self.compressions += 1
+
+
+def compress_after_pass(cache: RowStore, modules, inputs: LayerInputs, served: list[tuple[int, object, int, int]]):
+    """Run each served row's decoding compression after a pool pass: ``served`` lists (slot, row, line of the row in
+    the pass, real query length) for the rows the pass served; rows without a decoding press are skipped."""
+    for slot, row, batch_index, query_length in served:
+        if row.compression is not None:
+            row.compression.after_pass(cache, slot, modules, inputs, batch_index, query_length)
+
+
+def kept_after_answer(cache, final_lengths: tuple[int, ...], context_length: int) -> tuple[float, int]:
+    """The kept ratio and bytes kvpress's pipeline path records for a row compressed while decoding: it measures the
+    cache the row's answer left, cut back to each layer's length before the question (``_remove_answer_from_cache``),
+    so each layer counts ``min(final, before)`` pairs (the pool's row is the pipeline's one row: no AdaKV masks).
+
+    ``cache`` is the row's cache before its question (the prefill's, compressed by the press's prefill part).
+    """
+    kept_pairs, kept_bytes, heads = 0, 0, 0
+    for layer, final in zip(cache.layers, final_lengths, strict=True):
+        pairs = min(final, layer.keys.shape[2])
+        per_pair = layer.keys.shape[1] * (layer.keys.shape[3] * layer.keys.element_size()) * 2
+        kept_pairs += pairs * layer.keys.shape[1]
+        heads += layer.keys.shape[1]
+        kept_bytes += pairs * per_pair
+    return kept_pairs / heads / context_length, kept_bytes
