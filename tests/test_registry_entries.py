@@ -18,7 +18,13 @@ from kvpress import DecodingPress
 from evaluate import rundir
 from evaluate.models.random_models import TinyRandomModel
 from evaluate.points.config import ConfigError, method_name, result_config, run_dir
-from evaluate.points.press_traits import downloads, kvpress_defect, needs_eager, needs_query_aware
+from evaluate.points.press_traits import (
+    downloads,
+    kvpress_defect,
+    needs_eager,
+    needs_query_aware,
+    why_not_shared_prefill,
+)
 from evaluate.registry import PRESS_REGISTRY, build, knobs_read
 from evaluate.report.leaderboard import leaderboard_method
 from evaluate.report.runs import collect_runs
@@ -265,7 +271,8 @@ def status(name: str) -> str:
         conditions.append("eager attention (chosen by default)")
     conditions += [f"{knob}=" for knob in KNOBS.get(name, {}) if name in ("think", "snap_think")]
     if isinstance(press, DecodingPress):
-        conditions.append("one question at a time (kvpress's runner)")
+        pooled = why_not_shared_prefill(press, "sdpa") is None
+        conditions.append("in the decoding pool, each row on its own schedule" if pooled else "one question at a time")
     if name in UNEVEN_LAYERS:
         conditions.append("uneven layers: kvpress's pipeline needs flash attention, PressBench fits the mask")
     return "runs" + (f"; {', '.join(conditions)}" if conditions else "")
