@@ -22,7 +22,7 @@ from hydra import compose, initialize_config_dir
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from evaluate.engine import pooled  # noqa: E402
+from evaluate.engine import pool_engine  # noqa: E402
 from evaluate.engine.decoding_pool import DecodingPool  # noqa: E402
 from evaluate.engine.requests import DecodeRequest  # noqa: E402
 from evaluate.engine.teacher_forcing import teacher_forced  # noqa: E402
@@ -70,7 +70,7 @@ def main() -> None:
     parser.add_argument("--tasks", default=None, help="comma-separated ruler_synth tasks (default: all it runs)")
     args = parser.parse_args()
     timings = Timings()
-    pooled.teacher_forced = timings
+    pool_engine.teacher_forced = timings
     with tempfile.TemporaryDirectory() as out, initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
         overrides = ["press=eg_chunkkv", "cr=0.9", "generate=false", f"limit={args.limit}", f"output_dir={out}"]
         if args.tasks:

@@ -62,16 +62,16 @@ def test_questions_sharing_a_context_are_answered_from_one_compression(tmp_path,
 
 
 def test_the_pool_compresses_each_context_once_for_its_questions(tmp_path, monkeypatch):
-    from evaluate.engine import pooled
+    from evaluate.engine import pool_engine
 
     compressions = []
-    original = pooled.compressed_cache
+    original = pool_engine.compressed_cache
 
     def counting(*args):
         compressions.append(args[0])
         return original(*args)
 
-    monkeypatch.setattr(pooled, "compressed_cache", counting)
+    monkeypatch.setattr(pool_engine, "compressed_cache", counting)
     cfg = with_shared_context(compose_config(tmp_path, "press=topk", "cr=0.5"))
     run(cfg)
     assert len(compressions) == 2
