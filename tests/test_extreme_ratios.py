@@ -275,3 +275,17 @@ def test_the_harness_refuses_a_chunkkv_point_with_no_chunk_in_its_budget(tmp_pat
         "shortest context (420 tokens), and keeps one whole chunk anyway, more than the budget; use contexts of at "
         "least 621 tokens, a chunk_length of at most 13, or press=chunkkv_exact (an exact budget)"
     )
+
+
+def test_a_budget_below_the_window_is_run_with_one_warning(tmp_path, caplog):
+    # 1,024 tokens at 32:1 keep 32 pairs per head: SnapKV's window is 64, DropKV's 32 (not below it).
+    assert refusal(tmp_path, 1024, "press=topk", "scorer=snapkv", "cr=0.96875") is None
+    assert refusal(tmp_path, 1024, "press=adakv", "scorer=dropkv", "cr=0.96875") is None
+    assert refusal(tmp_path, 4096, "press=topk", "scorer=snapkv", "cr=0.96875") is None
+    warnings = [record.getMessage() for record in caplog.records if "fewer than its window" in record.getMessage()]
+    assert warnings == [
+        "scorer snapkv keeps 32 pairs per head of the shortest context (1024 tokens) at cr=0.96875, fewer than its "
+        "window of 64, which it scores above every other position: the pairs kept are window positions picked among "
+        "equal scores by torch.topk; use contexts of at least 2048 tokens or a smaller scorer.press.window_size for "
+        "a selection the scores decide"
+    ]

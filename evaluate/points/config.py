@@ -283,6 +283,22 @@ def validate_context_lengths(cfg: DictConfig, shortest_context: int) -> None:
                 f"({shortest_context} tokens), and the press would keep 1 anyway; use contexts of at least "
                 f"{shortest_keeping(1, cr)} tokens or a lower cr"
             )
+        window = cfg.scorer.press.get("window_size")
+        n_kept = int(shortest_context * (1 - cr))
+        if cr > 0 and isinstance(window, int) and n_kept < window:
+            # Not refused: the press keeps its budget, as kvpress computes it; but which pairs is tie-breaking.
+            logger.warning(
+                "scorer %s keeps %d pairs per head of the shortest context (%d tokens) at cr=%s, fewer than its "
+                "window of %d, which it scores above every other position: the pairs kept are window positions "
+                "picked among equal scores by torch.topk; use contexts of at least %d tokens or a smaller "
+                "scorer.press.window_size for a selection the scores decide",
+                cfg.scorer.name,
+                n_kept,
+                shortest_context,
+                cr,
+                window,
+                shortest_keeping(window, cr),
+            )
     if cr == 0:
         return
     for member in members(described_press(cfg)):
