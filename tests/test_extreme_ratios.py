@@ -4,6 +4,8 @@ The tiny random Llama (2 layers, 2 KV heads, 4 query heads) prefills contexts of
 head keeps 1 to 8 pairs; every count below is the press's own definition, worked out by hand.
 """
 
+from functools import cache
+
 import pytest
 import torch
 from hydra.utils import instantiate
@@ -12,7 +14,7 @@ from transformers import DynamicCache
 from evaluate import rundir
 from evaluate.errors import ConfigError
 from evaluate.models.random_models import TinyRandomModel
-from evaluate.points.config import run_dir, validate_context_lengths
+from evaluate.points.config import run_dir, validate_budget
 from evaluate.run.entry import run
 from tests.support import assert_kept, compose_config, with_shared_context
 
@@ -52,7 +54,9 @@ def prefill(model, press, context_length: int) -> DynamicCache:
     return cache
 
 
+@cache
 def full_keys(model, context_length: int) -> list[torch.Tensor]:
+    """Each layer's keys of an uncompressed prefill (computed once per context length: the model is the module's)."""
     cache = DynamicCache()
     with torch.no_grad():
         model(input_ids(model, context_length), past_key_values=cache)
@@ -143,6 +147,7 @@ def test_adakv_keeps_the_same_total_with_every_head_above_its_safeguard(tmp_path
         assert decodes_finite_logits(tiny_llama, cache), (n, cr)
 
 
+@pytest.mark.slow  # prefills of up to 640 tokens, or whole runs, on the tiny model: seconds each
 @pytest.mark.parametrize("chunk_length", [10, 20])
 @pytest.mark.parametrize("scorer", ["knorm", "snapkv"])
 def test_kvpress_chunkkv_keeps_whole_chunks(tmp_path, tiny_llama, scorer, chunk_length):
@@ -176,6 +181,7 @@ def test_kvpress_chunkkv_keeps_a_whole_chunk_when_its_budget_is_no_chunk(tmp_pat
     assert all(layer.keys.shape[2] > KEPT[128][1] for layer in cache.layers)
 
 
+@pytest.mark.slow  # prefills of up to 640 tokens, or whole runs, on the tiny model: seconds each
 @pytest.mark.parametrize("press_name", ["chunkkv_exact", "eg_chunkkv"])
 @pytest.mark.parametrize("scorer", ["knorm", "dropkv", "snapkv"])
 def test_exact_budget_presses_keep_exactly_their_budget(tmp_path, tiny_llama, press_name, scorer):
@@ -195,7 +201,7 @@ def test_exact_budget_presses_keep_exactly_their_budget(tmp_path, tiny_llama, pr
 def refusal(tmp_path, shortest_context: int, *overrides: str) -> str | None:
     cfg = compose_config(tmp_path, *overrides)
     try:
-        validate_context_lengths(cfg, shortest_context)
+        validate_budget(cfg, shortest_context)
     except ConfigError as error:
         return str(error)
     return None
@@ -251,11 +257,13 @@ END_TO_END = [
 ]
 
 
+@pytest.mark.slow  # prefills of up to 640 tokens, or whole runs, on the tiny model: seconds each
 @pytest.mark.parametrize("press, scorer", END_TO_END)
 def test_every_preset_press_runs_at_32_to_1(tmp_path, press, scorer):
     cfg = with_shared_context(compose_config(tmp_path, f"press={press}", f"scorer={scorer}", "cr=0.96875", "limit=1"))
     metrics = run(cfg)
     out = run_dir(cfg)
+    assert "__cr0.96875__" in out.name
     rows = rundir.read_predictions(out / rundir.PREDICTIONS)
     assert len(rows) == sum(task["n"] for task in metrics["tasks"].values()) == 2
     for row in rows:

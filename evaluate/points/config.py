@@ -262,30 +262,36 @@ def hub_unreachable() -> str | None:
 
 
 def validate_context_lengths(cfg: DictConfig, shortest_context: int) -> None:
-    """Refuse a scorer whose observation window does not fit in the shortest context, and a ratio at which the
-    press would keep more than its budget of the shortest context: a budget of 0 pairs, which kvpress's
-    ``compute_n_kept`` and presses/exact_budget.py raise to 1, and 0 chunks, which kvpress's ChunkKVPress raises to
-    one whole chunk (docs/configuration.md, "Extreme ratios")."""
-    if not compresses(cfg):
+    """Refuse a scorer whose observation window does not fit in the shortest context."""
+    if not uses_scorer(cfg):
         return
+    # A scorer's YAML may leave min_context out: a scorer without an observation window needs no minimum.
+    min_context = cfg.scorer.get("min_context", 0)
+    if shortest_context <= min_context:
+        raise ConfigError(
+            f"scorer {cfg.scorer.name} needs contexts longer than {min_context} tokens but the shortest "
+            f"context has {shortest_context}; lower its window (e.g. scorer.press.window_size=) or use longer contexts"
+        )
+
+
+def validate_budget(cfg: DictConfig, shortest_context: int) -> None:
+    """Refuse a ratio at which the press would keep more than its budget of the shortest context: a budget of 0
+    pairs, which kvpress's ``compute_n_kept`` and presses/exact_budget.py raise to 1, and 0 chunks, which kvpress's
+    ChunkKVPress raises to one whole chunk; warn when a scorer's window outnumbers the budget, so that tie-breaking
+    picks the pairs kept (docs/configuration.md, "Extreme ratios")."""
     cr = effective_cr(cfg)
+    if cr == 0:
+        return
     if uses_scorer(cfg):
-        # A scorer's YAML may leave min_context out: a scorer without an observation window needs no minimum.
-        min_context = cfg.scorer.get("min_context", 0)
-        if shortest_context <= min_context:
-            raise ConfigError(
-                f"scorer {cfg.scorer.name} needs contexts longer than {min_context} tokens but the shortest context "
-                f"has {shortest_context}; lower its window (e.g. scorer.press.window_size=) or use longer contexts"
-            )
-        if cr > 0 and int(shortest_context * (1 - cr)) == 0:
+        n_kept = int(shortest_context * (1 - cr))
+        if n_kept == 0:
             raise ConfigError(
                 f"cr={cr} keeps int({shortest_context} * (1 - cr)) = 0 pairs of the shortest context "
                 f"({shortest_context} tokens), and the press would keep 1 anyway; use contexts of at least "
                 f"{shortest_keeping(1, cr)} tokens or a lower cr"
             )
         window = cfg.scorer.press.get("window_size")
-        n_kept = int(shortest_context * (1 - cr))
-        if cr > 0 and isinstance(window, int) and n_kept < window:
+        if isinstance(window, int) and n_kept < window:
             # Not refused: the press keeps its budget, as kvpress computes it; but which pairs is tie-breaking.
             logger.warning(
                 "scorer %s keeps %d pairs per head of the shortest context (%d tokens) at cr=%s, fewer than its "
@@ -299,8 +305,6 @@ def validate_context_lengths(cfg: DictConfig, shortest_context: int) -> None:
                 window,
                 shortest_keeping(window, cr),
             )
-    if cr == 0:
-        return
     for member in members(described_press(cfg)):
         # kvpress's own compress (press=chunkkv, method=chunkkv), not presses/chunkkv_exact.py's exact budget.
         if isinstance(member, ChunkKVPress) and type(member).compress is ChunkKVPress.compress:
