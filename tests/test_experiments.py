@@ -87,10 +87,10 @@ def test_dropkv_leaderboard_is_ruler_query_aware_on_both_leaderboard_models():
     methods = ("dropkv", "adakv_dropkv", "snapkv", "adakv_snapkv", "chunkkv")
     expected = {
         ("ruler", model, method, cr, True)
-        for model, method, cr in product((QWEN, LLAMA), methods, (0.25, 0.5, 0.75, 0.875))
+        for model, method, cr in product((QWEN, LLAMA), methods, (0.25, 0.5, 0.75, 0.875, 0.9375, 0.96875))
     } | {("ruler", model, "no_press", 0.0, True) for model in (QWEN, LLAMA)}
     cfgs = check_expansion("dropkv_leaderboard", expected)
-    assert len(cfgs) == 42
+    assert len(cfgs) == 62
     for cfg in cfgs:
         assert cfg.limit is None and instantiate(cfg.benchmark).data_dir == "4096"
         if method_name(cfg) == "chunkkv":
@@ -148,7 +148,7 @@ def test_the_cli_dry_run_lists_the_preset_jobs_and_runs_nothing(tmp_path):
     assert result.returncode == 0, result.stderr
     listed = [line.split(" : ", 1)[1].split() for line in result.stdout.splitlines() if line.startswith("#")]
     assert listed == preset_jobs("dropkv_leaderboard", f"output_dir={tmp_path}")
-    assert result.stdout.splitlines()[-1] == "42 jobs (dry run: nothing launched)"
+    assert result.stdout.splitlines()[-1] == "62 jobs (dry run: nothing launched)"
     assert not any(path.name.startswith("ruler") for path in tmp_path.iterdir())
 
 

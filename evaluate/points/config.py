@@ -7,6 +7,7 @@ import hashlib
 import importlib.util
 import json
 import logging
+import math
 import os
 import socket
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
-from kvpress import BasePress
+from kvpress import BasePress, ChunkKVPress
 from omegaconf import DictConfig, OmegaConf
 
 from evaluate import registry, rundir
@@ -271,6 +272,69 @@ def validate_context_lengths(cfg: DictConfig, shortest_context: int) -> None:
             f"scorer {cfg.scorer.name} needs contexts longer than {min_context} tokens but the shortest "
             f"context has {shortest_context}; lower its window (e.g. scorer.press.window_size=) or use longer contexts"
         )
+
+
+def validate_budget(cfg: DictConfig, shortest_context: int) -> None:
+    """Refuse a ratio at which the press would keep more than its budget of the shortest context: a budget of 0
+    pairs, which kvpress's ``compute_n_kept`` and presses/exact_budget.py raise to 1, and 0 chunks, which kvpress's
+    ChunkKVPress raises to one whole chunk; warn when a scorer's window outnumbers the budget, so that tie-breaking
+    picks the pairs kept (docs/configuration.md, "Extreme ratios")."""
+    cr = effective_cr(cfg)
+    if cr == 0:
+        return
+    if uses_scorer(cfg):
+        n_kept = int(shortest_context * (1 - cr))
+        if n_kept == 0:
+            raise ConfigError(
+                f"cr={cr} keeps int({shortest_context} * (1 - cr)) = 0 pairs of the shortest context "
+                f"({shortest_context} tokens), and the press would keep 1 anyway; use contexts of at least "
+                f"{shortest_keeping(1, cr)} tokens or a lower cr"
+            )
+        window = cfg.scorer.press.get("window_size")
+        if isinstance(window, int) and n_kept < window:
+            # Not refused: the press keeps its budget, as kvpress computes it; but which pairs is tie-breaking.
+            logger.warning(
+                "scorer %s keeps %d pairs per head of the shortest context (%d tokens) at cr=%s, fewer than its "
+                "window of %d, which it scores above every other position: the pairs kept are window positions "
+                "picked among equal scores by torch.topk; use contexts of at least %d tokens or a smaller "
+                "scorer.press.window_size for a selection the scores decide",
+                cfg.scorer.name,
+                n_kept,
+                shortest_context,
+                cr,
+                window,
+                shortest_keeping(window, cr),
+            )
+    for member in members(described_press(cfg)):
+        # kvpress's own compress (press=chunkkv, method=chunkkv), not presses/chunkkv_exact.py's exact budget.
+        if isinstance(member, ChunkKVPress) and type(member).compress is ChunkKVPress.compress:
+            chunk_length = member.chunk_length
+            n_chunks = -(-shortest_context // chunk_length)
+            if int(n_chunks * (1 - cr)) == 0:
+                raise ConfigError(
+                    f"kvpress's ChunkKVPress at cr={cr} keeps int({n_chunks} chunks * (1 - cr)) = 0 chunks of "
+                    f"{chunk_length} tokens of the shortest context ({shortest_context} tokens), and keeps one "
+                    f"whole chunk anyway, more than the budget; use contexts of at least "
+                    f"{(shortest_keeping(1, cr) - 1) * chunk_length + 1} tokens, a chunk_length of at most "
+                    f"{largest_chunk_keeping(shortest_context, cr)}, or press=chunkkv_exact (an exact budget)"
+                )
+
+
+def shortest_keeping(n_kept: int, cr: float) -> int:
+    """The fewest items ``n`` with ``int(n * (1 - cr)) >= n_kept``, the rounding of kvpress's budgets."""
+    n = max(1, math.floor(n_kept / (1 - cr)) - 2)
+    while int(n * (1 - cr)) < n_kept:
+        n += 1
+    return n
+
+
+def largest_chunk_keeping(context: int, cr: float) -> int:
+    """The largest chunk length at which kvpress's ChunkKV budget ``int(n_chunks * (1 - cr))`` keeps a chunk of a
+    ``context``-token context (1 when none does: chunks of one token are the bare scorer's budget)."""
+    return next(
+        (length for length in range(context, 0, -1) if int(-(-context // length) * (1 - cr)) >= 1),
+        1,
+    )
 
 
 def result_config(cfg: DictConfig) -> dict:

@@ -12,7 +12,7 @@ from evaluate import rundir
 from evaluate.benchmarks import Sample
 from evaluate.benchmarks.selection import load_samples
 from evaluate.errors import ConfigError
-from evaluate.points.config import build_press, press_sources, validate_context_lengths
+from evaluate.points.config import build_press, press_sources, validate_budget, validate_context_lengths
 from evaluate.points.plan import Plan, context_id
 from evaluate.points.point import Point
 
@@ -89,7 +89,9 @@ def make_plan(point: Point, tokenizer) -> Plan:
         samples = [replace(sample, max_new_tokens=spec.max_new_tokens) for sample in samples]
     context_tokens = {s.context: len(tokenizer.encode(s.context, add_special_tokens=False)) for s in samples}
     question_tokens = max(len(tokenizer.encode(s.question, add_special_tokens=False)) for s in samples)
-    validate_context_lengths(cfg, min(context_tokens.values()) + (question_tokens if spec.query_aware else 0))
+    shortest_context = min(context_tokens.values()) + (question_tokens if spec.query_aware else 0)
+    validate_context_lengths(cfg, shortest_context)
+    validate_budget(cfg, shortest_context)
     kept = previous_rows(point)
     check_same_samples(out, kept, samples)
     done = {row["id"] for row in kept}
