@@ -304,3 +304,17 @@ def test_a_shard_waiting_on_a_lock_that_is_removed_takes_the_one_in_its_place(tm
     leave.set()
     thread.join(10)
     assert not path.exists()
+
+
+def test_a_later_export_keeps_the_iso_quality_an_earlier_one_computed(two_sets, tmp_path):
+    """Set a holds snapkv at cr 0.5 (score 50) and its uncompressed run (100): below either threshold at its only
+    ratio, so '<' 0.5. Set b has no uncompressed run; exporting it after rebuilds leaderboard.csv and keeps a's."""
+    a, b = two_sets
+    out = tmp_path / "submission"
+    export(a, out)
+    first = {(row["method"], row["compression_ratio"]): row for row in leaderboard_rows(out)}
+    assert (first["snapkv", "0.5"]["iso_cr_absolute"], first["snapkv", "0.5"]["iso_mark_absolute"]) == ("0.5", "<")
+    export(b, out)
+    after = {(row["method"], row["compression_ratio"]): row for row in leaderboard_rows(out)}
+    assert after["snapkv", "0.5"] == first["snapkv", "0.5"]
+    assert after["knorm", "0.25"]["iso_cr_absolute"] == ""  # b has no uncompressed run: nothing to compare with

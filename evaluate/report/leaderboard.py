@@ -241,6 +241,8 @@ def iso_columns(submissions: list[Submission], runs: list[RunResult]) -> dict[st
     method, variant, model and query-awareness with one baseline) at iso-quality, against the baseline that
     evaluate/score/baseline.py pairs its runs with among the ``no_press`` runs of ``runs``; without intervals (the
     report's iso_quality table has them)."""
+    if not submissions:  # nothing exported this time: no series to place
+        return {}
     members = [submission.run for submission in submissions]
     pool = members + [run for run in runs if run.method == NO_PRESS and all(run is not m for m in members)]
     chosen = thresholds()
@@ -261,12 +263,16 @@ def write_leaderboard_csv(out: Path, iso: dict[str, list] | None = None) -> tupl
     """Rebuild leaderboard.csv from every submission folder in ``out``, whichever export wrote it, so that the file
     and the folders always agree; returns its row count and the folders left out, with why (hidden staging folders
     are none). ``iso`` holds the iso-quality columns by submission name (:func:`iso_columns`); a folder without
-    them (the no-compression run, or one of an earlier export) leaves them empty."""
+    them keeps what leaderboard.csv held for its row (an earlier export's), else leaves them empty (the
+    no-compression run)."""
     rows, left_out = [], []
     iso = iso or {}
+    earlier = _earlier_iso_columns(out / LEADERBOARD_CSV)
     for folder in sorted(path for path in out.iterdir() if path.is_dir() and not path.name.startswith(".")):
         try:
-            rows.append(_leaderboard_row(folder) + iso.get(folder.name, [None, "", None, "", ""]))
+            row = _leaderboard_row(folder)
+            kept = earlier.get(tuple("" if value is None else str(value) for value in row), [None, "", None, "", ""])
+            rows.append(row + iso.get(folder.name, kept))
         except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError, yaml.YAMLError) as error:
             reason = f"{type(error).__name__}: {error}" if not isinstance(error, ValueError) else str(error)
             left_out.append((folder, f"not a submission, left out of {LEADERBOARD_CSV} ({reason})"))
@@ -276,6 +282,23 @@ def write_leaderboard_csv(out: Path, iso: dict[str, list] | None = None) -> tupl
     )
     rundir.write_atomic(out / LEADERBOARD_CSV, table.to_csv(index=False, lineterminator="\n"))
     return len(rows), left_out
+
+
+def _earlier_iso_columns(path: Path) -> dict[tuple[str, ...], list]:
+    """The ISO_COLUMNS leaderboard.csv holds, by its row's other columns as text: what an earlier export computed
+    for runs this export does not hold, which a rebuild keeps."""
+    if not path.exists():
+        return {}
+    table = pd.read_csv(path, dtype=str, keep_default_na=False)
+    if not set(ISO_COLUMNS) <= set(table.columns):
+        return {}
+    earlier = {}
+    for row in table.to_dict("records"):
+        figures = [row[column] for column in ISO_COLUMNS]
+        for position in (0, 2):  # the ratios are numbers, empty where none
+            figures[position] = float(figures[position]) if figures[position] else None
+        earlier[tuple(row[column] for column in LEADERBOARD_COLUMNS)] = figures
+    return earlier
 
 
 def check_out(out: Path) -> None:
