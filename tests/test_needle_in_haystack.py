@@ -441,7 +441,13 @@ def test_heatmap_png_is_written_by_the_plot_and_by_the_report(needle_runs, tmp_p
     report_main([str(needle_runs), "--out", str(tmp_path / "tables"), "--plots", str(plots), "--bootstrap", "0"])
     capsys.readouterr()
     written = sorted(file.name for file in plots.iterdir())
-    assert written == ["needle_in_haystack.png", "needle_in_haystack_heatmap.png", "needle_in_haystack_tasks.png"]
+    # The runs include an uncompressed one, so the iso-quality plot is drawn beside the heatmap.
+    assert written == [
+        "needle_in_haystack.png",
+        "needle_in_haystack_heatmap.png",
+        "needle_in_haystack_iso.png",
+        "needle_in_haystack_tasks.png",
+    ]
     assert (plots / "needle_in_haystack_heatmap.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
