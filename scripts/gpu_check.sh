@@ -193,14 +193,18 @@ stage env 90 "${CHECK[@]}" env "${COMMON[@]}"
 # The pool and the sweep first: they are what a short lease is for (docs/gpu.md); the rest fills what is left.
 if [ "$SMOKE" = 1 ]; then
   PRESS_ARGS=(--tokens 512 --warmup 1 --repeats 2 --threads 1)
-  SWEEP_ARGS=(--tasks niah_single_1 --limit 1 --crs 0.5,0.9 --max-seq-length 1024 --dtype float32
-    --override +model.source.num_hidden_layers=2 --override +model.source.hidden_size=256
+  SMALL_MODEL=(--override +model.source.num_hidden_layers=2 --override +model.source.hidden_size=256
     --override +model.source.num_attention_heads=4 --override +model.source.num_key_value_heads=2
     --override +model.source.intermediate_size=512 --override +model.source.vocab_size=4096)
+  SWEEP_ARGS=(--tasks niah_single_1 --limit 1 --crs 0.5,0.9 --max-seq-length 1024 --dtype float32 "${SMALL_MODEL[@]}")
+  REASONING_ARGS=(--limit 2 --dtype float32 "${SMALL_MODEL[@]}")
 else
   PRESS_ARGS=()
   SWEEP_ARGS=(--tasks "${SWEEP_TASKS:-niah_single_1,fwe}" --limit "${SWEEP_LIMIT:-1}" --crs 0.5,0.9
     --max-seq-length 4096 --dtype bfloat16)
+  # Two rows a point: 4 points of 256-512 new tokens each, decoded one by one twice (kvpress's way and
+  # decode_batch_size=1) within the stage's limit on an 8B shape.
+  REASONING_ARGS=(--limit "${REASONING_LIMIT:-2}" --dtype bfloat16)
 fi
 # The decoding pool's tokens per second at several batch sizes on the 8B-shaped model, against one by one.
 if [ "$SMOKE" = 1 ]; then
@@ -213,6 +217,8 @@ fi
 stage pool 150 "$PY" scripts/bench_decoding.py --random-model --device "$DEVICE" --out "$OUT_DIR/pool_$DEVICE_KIND.md" \
   "${POOL_ARGS[@]}"
 stage sweep 300 "$PY" scripts/bench_sweep.py --random-model --device "$DEVICE" --out-dir "$OUT_DIR" "${SWEEP_ARGS[@]}"
+stage reasoning 300 "$PY" scripts/bench_sweep.py --random-model --device "$DEVICE" --out-dir "$OUT_DIR" \
+  --workload reasoning "${REASONING_ARGS[@]}"
 # cuBLAS is deterministic only with a fixed workspace; the bf16 checks also turn on torch's deterministic algorithms.
 stage correctness 200 env CUBLAS_WORKSPACE_CONFIG=:4096:8 "${CHECK[@]}" correctness "${COMMON[@]}"
 stage throughput 120 "${CHECK[@]}" throughput "${COMMON[@]}" "${PEAKS[@]}"

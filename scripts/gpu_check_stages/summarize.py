@@ -117,6 +117,11 @@ def bench_lines(out: Path, kind: str) -> list[str]:
         "",
         *markdown_section(out / f"sweep_prefill_{kind}.md"),
         "",
+        "## Reasoning: decoding-time presses, harness against one process per point (bench_sweep.py --workload "
+        "reasoning)",
+        "",
+        *markdown_section(out / f"sweep_reasoning_{kind}.md"),
+        "",
     ]
 
 
