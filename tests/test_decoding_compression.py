@@ -12,6 +12,11 @@ not share) then breaks those ties otherwise than kvpress does, and answers part 
 (measured: KnormPress, 2 of 8 rows, after 13 tokens). In float64 no tie is that close, so the scorers that tie compare
 in float64 (``dtype=float64``, and kvpress's reference model in float64 too); StreamingLLM, whose selection depends on
 positions only, compares in float32 as well.
+
+AdaKV as the base press prunes nothing: kvpress's attention patch overwrites the keys it masks with fake keys that
+stay in the cache, and the pool writes them into each row's slot the same way. SnapKV scores a compression's buffered
+hidden states only when they hold more than its 64-token window, so its entry compresses every 70 steps, with a
+longer buffer and longer answers.
 """
 
 import json
@@ -20,14 +25,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from kvpress import AdaKVPress, DecodingPress, KnormPress, PrefillDecodingPress, SnapKVPress
+from kvpress import AdaKVPress, CAMPress, DecodingPress, KnormPress, PrefillDecodingPress, RandomPress, SnapKVPress
 from omegaconf import OmegaConf
 from transformers import DynamicCache
 
 from evaluate import rundir
+from evaluate.engine.decoding_compression import decoding_slot_length
 from evaluate.engine.decoding_pool import DecodingPool
 from evaluate.engine.pipeline_engine import make_pipeline
 from evaluate.engine.requests import DecodeRequest
+from evaluate.engine.slot_cache import SlotCache
 from evaluate.models.random_models import TinyRandomModel
 from evaluate.points.config import run_dir
 from evaluate.points.press_traits import why_not_shared_prefill
@@ -38,12 +45,22 @@ from tests.support import compose_config
 
 KNOBS = {"target_size": 48, "compression_interval": 5, "hidden_states_buffer_size": 8}
 MAX_NEW_TOKENS = 32
+# SnapKV's window: a compression's buffer must hold more than 64 hidden states.
+SNAPKV_KNOBS = {"target_size": 96, "compression_interval": 70, "hidden_states_buffer_size": 80}
+SNAPKV_MAX_NEW_TOKENS = 220
 LIVELY = "+model.source.weight_scale=3.0"
-POOLED = ("decoding_knorm", "decoding_streaming_llm", "decoding_tova", "decoding_keydiff")
-# Entries the pool refuses (kvpress's pipeline answers them), and the words of the reason.
+POOLED = (
+    "decoding_knorm",
+    "decoding_streaming_llm",
+    "decoding_tova",
+    "decoding_keydiff",
+    "decoding_adakv_expected_attention_e2",
+    "decoding_adakv_snapkv",
+)
+# Decoding presses the pool refuses (kvpress's pipeline answers them), and the words of the reason.
 REFUSED = {
-    "decoding_adakv_snapkv": "fake keys",
-    "decoding_adakv_expected_attention_e2": "fake keys",
+    "random base press": (lambda: DecodingPress(base_press=RandomPress()), "random numbers"),
+    "CAM": (lambda: CAMPress(base_press=KnormPress()), "CAMPress overrides"),
 }
 
 
@@ -54,14 +71,24 @@ class Float64Model(TinyRandomModel):
         return super().load_model(device, "float64", attn_implementation, device_map)
 
 
-@pytest.fixture(scope="module")
-def ruler_file(tmp_path_factory) -> Path:
+def write_ruler_file(directory: Path, max_new_tokens: int) -> Path:
     rows = ruler_rows()
     for row in rows:
-        row["max_new_tokens"] = MAX_NEW_TOKENS
-    path = tmp_path_factory.mktemp("ruler") / "test.jsonl"
+        row["max_new_tokens"] = max_new_tokens
+    path = directory / "test.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path
+
+
+@pytest.fixture(scope="module")
+def ruler_file(tmp_path_factory) -> Path:
+    return write_ruler_file(tmp_path_factory.mktemp("ruler"), MAX_NEW_TOKENS)
+
+
+def knobs_and_file(method: str, tmp_path: Path, ruler_file: Path) -> tuple[dict, Path]:
+    if method == "decoding_adakv_snapkv":
+        return SNAPKV_KNOBS, write_ruler_file(tmp_path, SNAPKV_MAX_NEW_TOKENS)
+    return KNOBS, ruler_file
 
 
 def predictions(cfg) -> dict[str, str]:
@@ -74,7 +101,7 @@ def kept_ratios(cfg) -> dict[str, float]:
     return {row["id"]: row["kept_ratio"] for row in rundir.read_predictions(run_dir(cfg) / rundir.PREDICTIONS)}
 
 
-def config(tmp_path: Path, path: Path, method: str, decode_batch_size: int, dtype: str):
+def config(tmp_path: Path, path: Path, method: str, decode_batch_size: int, dtype: str, knobs: dict = KNOBS):
     return compose_config(
         tmp_path,
         "benchmark=ruler",
@@ -82,35 +109,69 @@ def config(tmp_path: Path, path: Path, method: str, decode_batch_size: int, dtyp
         "limit=null",
         LIVELY,
         f"method={method}",
-        *(f"{knob}={value}" for knob, value in KNOBS.items()),
+        *(f"{knob}={value}" for knob, value in knobs.items()),
         f"decode_batch_size={decode_batch_size}",
         f"dtype={dtype}",
     )
 
 
+def expected_predictions(method: str, knobs: dict, path: Path, dtype: str) -> dict[str, str]:
+    press = set_runner_knobs(PRESS_REGISTRY[method](), 0.0, **knobs)
+    source = LIVELY_MODEL if dtype == "float32" else Float64Model(weight_scale=3.0)
+    return kvpress_predictions(path, press, False, source=source)
+
+
 @pytest.mark.slow  # kvpress's reference and two whole runs of eight 32-token answers: 20 to 40 s a case
 @pytest.mark.parametrize(
-    ("method", "dtype"), [*((method, "float64") for method in POOLED), ("decoding_streaming_llm", "float32")]
+    ("method", "dtype"),
+    [
+        *((method, "float64") for method in POOLED),
+        ("decoding_streaming_llm", "float32"),
+        ("decoding_adakv_expected_attention_e2", "float32"),
+    ],
 )
 def test_decoding_presses_in_the_pool_equal_kvpress_evaluate(tmp_path, ruler_file, method, dtype):
-    press = set_runner_knobs(PRESS_REGISTRY[method](), 0.0, **KNOBS)
-    source = LIVELY_MODEL if dtype == "float32" else Float64Model(weight_scale=3.0)
-    expected = kvpress_predictions(ruler_file, press, False, source=source)
-    pooled = config(tmp_path / "pool", ruler_file, method, 4, dtype)
+    knobs, path = knobs_and_file(method, tmp_path, ruler_file)
+    expected = expected_predictions(method, knobs, path, dtype)
+    pooled = config(tmp_path / "pool", path, method, 4, dtype, knobs)
     run(pooled)
     assert rundir.read_json(run_dir(pooled) / rundir.RUN)["answered_by"]["path"] == "pool"
     assert predictions(pooled) == expected
-    alone = config(tmp_path / "pipeline", ruler_file, method, 1, dtype)
+    alone = config(tmp_path / "pipeline", path, method, 1, dtype, knobs)
     run(alone)
     assert predictions(alone) == expected
-    # Both paths measure the cache each row's answer left, cut back to its length before the question.
+    # Both paths measure the cache each row's answer left, cut back to its length before the question, less the
+    # keys AdaKV's last compression masked there.
     assert kept_ratios(pooled) == kept_ratios(alone)
     assert min(kept_ratios(pooled).values()) < 0.2
 
 
-@pytest.mark.parametrize("method", sorted(REFUSED))
-def test_the_pool_says_why_it_refuses_a_decoding_press(method):
-    assert REFUSED[method] in why_not_shared_prefill(PRESS_REGISTRY[method](), "sdpa")
+@pytest.mark.slow  # kvpress's reference and one whole run: about 10 s a case
+@pytest.mark.parametrize("method", ["decoding_adakv_expected_attention_e2", "decoding_adakv_snapkv"])
+def test_adakv_rows_answer_otherwise_without_kvpress_fake_keys(tmp_path, ruler_file, method, monkeypatch):
+    """The equivalence above depends on the fake keys: a pool that leaves AdaKV's masked keys as they are gives
+    other answers, so the fake keys are written, and where kvpress writes them."""
+    knobs, path = knobs_and_file(method, tmp_path, ruler_file)
+    expected = expected_predictions(method, knobs, path, "float64")
+    monkeypatch.setattr(SlotCache, "write_fake_keys", lambda self, layer_idx, query: None)
+    pooled = config(tmp_path / "pool", path, method, 4, "float64", knobs)
+    run(pooled)
+    differing = [row for row, answer in predictions(pooled).items() if answer != expected[row]]
+    assert len(differing) >= 3
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_the_pool_says_why_it_refuses_a_decoding_press(name):
+    build, reason = REFUSED[name]
+    assert reason in why_not_shared_prefill(build(), "sdpa")
+
+
+def test_an_adakv_decoding_rows_slot_holds_its_whole_answer():
+    """AdaKV under a DecodingPress masks keys and removes none, so the budget counts every token the row writes."""
+    adakv = DecodingPress(AdaKVPress(SnapKVPress()), compression_interval=8, target_size=40)
+    knorm = DecodingPress(KnormPress(), compression_interval=8, target_size=40)
+    assert decoding_slot_length(adakv, 300, 20, 100) == 300 + 20 + 100
+    assert decoding_slot_length(knorm, 300, 20, 100) == 300 + 20 + 8
 
 
 def pool_requests(target_size: int, interval: int, max_new_tokens: int) -> tuple[object, list[DecodeRequest]]:

@@ -19,7 +19,9 @@ POOL_ATTENTION = "pressbench_pool"
 
 def pool_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, pool=None, **kwargs):
     """Attention of a pool pass: each group of rows the slot cache left (a segment of a decoding step, or the joining
-    rows) over its own keys and mask; ``key`` and ``value`` (the whole buffer) are not read."""
+    rows) over its own keys and mask; ``key`` and ``value`` (the whole buffer) are not read. Rows whose decoding press
+    masks keys (AdaKV) get kvpress's fake keys first."""
+    pool.write_fake_keys(module.layer_idx, query)
     outputs = [
         _attend(query[rows], keys, values, mask, scaling) for rows, keys, values, mask in pool.parts[module.layer_idx]
     ]

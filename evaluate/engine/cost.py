@@ -35,15 +35,17 @@ class Cost:
 
 
 def _kept_per_head(model: torch.nn.Module, cache: DynamicCache) -> list[torch.Tensor]:
-    """Per layer, the pairs each KV head keeps: its cache length minus what AdaKV masked on the attention module."""
+    """Per layer, the pairs each KV head keeps: its cache length minus what AdaKV masked on the attention module
+    there (AdaKV under a DecodingPress leaves masks past the cache that the pipeline cut back to the context)."""
     kept = []
     for layer, cache_layer in zip(model.model.layers, cache.layers, strict=True):
         num_heads, length = cache_layer.keys.shape[1], cache_layer.keys.shape[2]
         per_head = torch.full((num_heads,), float(length), dtype=torch.float64)
         masked = getattr(layer.self_attn, "masked_key_indices", None)
         if masked is not None:
-            batch_indices, head_indices, _ = masked
-            per_head -= torch.bincount(head_indices[batch_indices == 0].cpu(), minlength=num_heads)
+            batch_indices, head_indices, positions = masked
+            inside = (batch_indices == 0) & (positions < length)
+            per_head -= torch.bincount(head_indices[inside].cpu(), minlength=num_heads)
         kept.append(per_head)
     return kept
 

@@ -16,6 +16,13 @@ alone: its real question columns (never the left-padded joiners' padding), its k
 the forward arguments its base press reads for a batch of one (``position_embeddings`` of the pass's tokens;
 ``cache_position`` as transformers numbers the pass after the row's cache). The presses the pool accepts here
 (``press_traits.why_not_pooled_decoding``) read no other argument; one that did would fail loudly on the missing key.
+
+AdaKV as the base press removes nothing: its ``compress`` names the pairs it prunes on the module
+(``masked_key_indices``), and kvpress's attention patch, before each later pass's attention, overwrites those keys in
+the cache with a fake key built from that pass's queries (``search_hyperplane``), whose attention weight underflows to
+zero. The fake keys stay in the cache, where the next compression scores them, and a position the next compression no
+longer names keeps its stale fake key. The pool does the same per row: :class:`RowCompression` keeps the row's masks
+per layer, and :func:`write_fake_keys` writes the fake keys into the row's slot before each decoding step's attention.
 """
 
 from dataclasses import dataclass, field
@@ -23,7 +30,8 @@ from typing import Protocol
 
 import numpy as np
 import torch
-from kvpress import DecodingPress
+from kvpress import AdaKVPress, DecodingPress
+from kvpress.attention_patch import search_hyperplane
 
 
 class RowStore(Protocol):
@@ -37,15 +45,22 @@ class RowStore(Protocol):
     def replace_row(self, layer_idx: int, slot: int, keys: torch.Tensor, values: torch.Tensor) -> None: ...
 
 
+def keeps_every_key(press: DecodingPress) -> bool:
+    """Whether the press's compressions leave the cache whole and mask keys instead (AdaKV as the base press)."""
+    return isinstance(press.base_press, AdaKVPress)
+
+
 def decoding_slot_length(press: DecodingPress, cache_length: int, question_length: int, max_new_tokens: int) -> int:
     """Positions a decoding row's slot needs: its longest moment, plus the spare last position padding writes to.
 
     A row writes its question and ``max_new_tokens - 1`` answer tokens (the last token is never fed back). Until its
     first compression, after ``compression_interval`` steps (the question pass being the first), it holds its cache,
     question and ``compression_interval - 1`` tokens; after each compression at most ``target_size``, and
-    ``compression_interval`` tokens more before the next.
+    ``compression_interval`` tokens more before the next. A press that masks instead (AdaKV) holds them all.
     """
     written = cache_length + question_length + max_new_tokens - 1
+    if keeps_every_key(press):
+        return written + 1
     before_first = cache_length + question_length + press.compression_interval - 1
     return min(written, max(before_first, press.target_size + press.compression_interval)) + 1
 
@@ -77,17 +92,20 @@ class LayerInputs:
 @dataclass
 class RowCompression:
     """One row's decoding-compression state: per layer, its hidden-state buffer and its steps since the last
-    compression (what kvpress's ``DecodingPress`` keeps on itself for the one row it decodes)."""
+    compression (what kvpress's ``DecodingPress`` keeps on itself for the one row it decodes), and the keys its last
+    compression masked (AdaKV), as (heads, positions), which kvpress keeps on the attention module."""
 
     press: DecodingPress
     layers: int
     buffers: list[list[torch.Tensor]] = field(default_factory=list)
     steps: list[int] = field(default_factory=list)
+    masked: list[tuple[torch.Tensor, torch.Tensor] | None] = field(default_factory=list)
     compressions: int = 0
 
     def __post_init__(self) -> None:
         self.buffers = [[] for _ in range(self.layers)]
         self.steps = [0] * self.layers
+        self.masked = [None] * self.layers
 
     def after_pass(
         self, cache: RowStore, slot: int, modules, inputs: LayerInputs, batch_index: int, query_length: int
@@ -123,12 +141,47 @@ class RowCompression:
         written back into its slot; the layer's counter reset and its buffer cleared, as kvpress's hook does."""
         keys, values = cache.row(layer_idx, slot)
         hidden = torch.cat(self.buffers[layer_idx], dim=1)
-        compressed = self.press.compress(module, hidden, keys, values, None, kwargs)
+        # AdaKV reads and leaves its masks on the module, which rows share here: set to the row's own, read back,
+        # cleared (a ratio of 0 returns early and leaves them as they were, as for a row alone).
+        module.masked_key_indices = self._module_masks(layer_idx)
+        try:
+            compressed = self.press.compress(module, hidden, keys, values, None, kwargs)
+            masked = module.masked_key_indices
+        finally:
+            module.masked_key_indices = None
+        if masked is not None:
+            self.masked[layer_idx] = (masked[1], masked[2])  # its batch indices are all 0: one row
         if compressed[0] is not keys:  # a ratio of 0 (a cache within its target) gives the same tensors back
             cache.replace_row(layer_idx, slot, *compressed)
         self.steps[layer_idx] = 0
         self.buffers[layer_idx] = []
         self.compressions += 1
+
+    def _module_masks(self, layer_idx: int) -> tuple[torch.Tensor, ...] | None:
+        """The row's masks on one layer as kvpress keeps them on the module: (batch, heads, positions)."""
+        if self.masked[layer_idx] is None:
+            return None
+        heads, positions = self.masked[layer_idx]
+        return torch.zeros_like(heads), heads, positions
+
+
+def write_fake_keys(keys: torch.Tensor, query: torch.Tensor, masked: dict[int, tuple[torch.Tensor, torch.Tensor]]):
+    """kvpress's attention patch for the rows whose decoding press masked keys (AdaKV), on one layer of a decoding
+    step, before its attention: slot ``s``'s masked (heads, positions) in ``keys`` (the layer's slot buffer) become a
+    fake key per KV head, built by kvpress's ``search_hyperplane`` from ``s``'s queries of this step (``query``, one
+    line per slot), that no query of its group attends. kvpress builds one row's fake keys per call; a KV head's
+    search is independent of the others' (a head already found adds zero while the others search), so all rows
+    search in one call."""
+    slots = list(masked)
+    rows = query[slots]
+    count, heads, width, head_dim = rows.shape
+    kv_heads = keys.shape[1]
+    # Query heads h * groups ... h * groups + groups - 1 share KV head h, as in kvpress's view of the queries.
+    grouped = rows.reshape(count, kv_heads, heads // kv_heads, width, head_dim).reshape(count * kv_heads, -1, head_dim)
+    fake = search_hyperplane(grouped).view(count, kv_heads, head_dim)
+    for line, slot in enumerate(slots):
+        head_indices, positions = masked[slot]
+        keys[slot, head_indices, positions] = fake[line, head_indices]
 
 
 def compress_after_pass(cache: RowStore, modules, inputs: LayerInputs, served: list[tuple[int, object, int, int]]):
@@ -139,18 +192,21 @@ def compress_after_pass(cache: RowStore, modules, inputs: LayerInputs, served: l
             row.compression.after_pass(cache, slot, modules, inputs, batch_index, query_length)
 
 
-def kept_after_answer(cache, final_lengths: tuple[int, ...], context_length: int) -> tuple[float, int]:
+def kept_after_answer(cache, final_lengths: tuple[int, ...], final_masks: tuple, context_length: int):
     """The kept ratio and bytes kvpress's pipeline path records for a row compressed while decoding: it measures the
     cache the row's answer left, cut back to each layer's length before the question (``_remove_answer_from_cache``),
-    so each layer counts ``min(final, before)`` pairs (the pool's row is the pipeline's one row: no AdaKV masks).
+    so each layer counts ``min(final, before)`` pairs per KV head, less those its last compression masked there
+    (AdaKV: evaluate/engine/cost.py counts the same).
 
     ``cache`` is the row's cache before its question (the prefill's, compressed by the press's prefill part).
     """
     kept_pairs, kept_bytes, heads = 0, 0, 0
-    for layer, final in zip(cache.layers, final_lengths, strict=True):
-        pairs = min(final, layer.keys.shape[2])
-        per_pair = layer.keys.shape[1] * (layer.keys.shape[3] * layer.keys.element_size()) * 2
-        kept_pairs += pairs * layer.keys.shape[1]
+    for layer, final, masks in zip(cache.layers, final_lengths, final_masks, strict=True):
+        length = min(final, layer.keys.shape[2])
+        pairs = length * layer.keys.shape[1]
+        if masks is not None:
+            pairs -= int((masks[1] < length).sum())
+        kept_pairs += pairs
         heads += layer.keys.shape[1]
-        kept_bytes += pairs * per_pair
+        kept_bytes += pairs * (layer.keys.shape[3] * layer.keys.element_size()) * 2
     return kept_pairs / heads / context_length, kept_bytes

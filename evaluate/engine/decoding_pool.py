@@ -136,7 +136,13 @@ class DecodingPool:
         with torch.no_grad(), pool_attention_active(self.model), self._layer_inputs() as inputs:
             finished += self._admit(inputs)
             if any(row is not None for row in self.rows):
+                self.cache.masked = {
+                    slot: row.compression.masked
+                    for slot, row in enumerate(self.rows)
+                    if row is not None and row.compression is not None and any(row.compression.masked)
+                }
                 tokens = self.runner.decode(self.cache, self.rows)
+                self.cache.masked = {}
                 served = [(slot, row, slot, 1) for slot, row in enumerate(self.rows) if row is not None]
                 self._compress(inputs, served)
                 for slot, (row, token) in enumerate(zip(self.rows, tokens, strict=True)):
@@ -230,10 +236,12 @@ class DecodingPool:
         return []
 
     def _leave(self, slot: int, row: RunningRow, output) -> FinishedRow:
-        final = tuple(self.cache.host_lengths[:, slot].tolist()) if row.compression is not None else None
+        final, masks = None, None
+        if row.compression is not None:
+            final, masks = tuple(self.cache.host_lengths[:, slot].tolist()), tuple(row.compression.masked)
         self.rows[slot] = None
         self.cache.free(slot)
-        return FinishedRow(row.request.tag, output, row.cost, final)
+        return FinishedRow(row.request.tag, output, row.cost, final, masks)
 
     def _compact(self) -> None:
         """Once no row waits and most slots are idle, decode the remaining rows in a smaller buffer."""

@@ -149,7 +149,9 @@ class PoolLoop:
             answers, index = row.tag
             kept = None
             if row.final_lengths is not None:
-                kept = kept_after_answer(answers.prefill_cache, row.final_lengths, answers.result.context_length)
+                kept = kept_after_answer(
+                    answers.prefill_cache, row.final_lengths, row.final_masks, answers.result.context_length
+                )
             answers.arrive(index, row.output, row.cost, kept)
         complete = [answers.result for answers in self.outstanding if answers.complete]
         self.outstanding[:] = [answers for answers in self.outstanding if not answers.complete]

@@ -87,12 +87,13 @@ class RunningRow:
 class FinishedRow:
     """What a pool step gives back for a row that left: the greedy tokens (or the teacher-forced log-probabilities),
     its cost, and its request's ``tag``; for a row that compressed while decoding, each layer's length when it left
-    (``final_lengths``)."""
+    (``final_lengths``) and the keys its last compression masked on each layer (``final_masks``, AdaKV's)."""
 
     tag: object
     output: list[int] | torch.Tensor
     cost: RowCost
     final_lengths: tuple[int, ...] | None = None
+    final_masks: tuple | None = None
 
 
 def hidden_keys(attention_modules) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, ...]:

@@ -23,6 +23,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from evaluate.engine.decoding_compression import write_fake_keys
 from evaluate.engine.devices import input_device, layer_devices
 from evaluate.engine.requests import DecodeRequest
 
@@ -133,6 +134,9 @@ class SlotCache:
         self.step_rows = [every_slot[device] for device in self.devices]
         self.step_query_lengths = [self.live_on[device] for device in self.devices]
         self.parts: list[list | None] = [None] * layers
+        # A decoding step's rows whose decoding press masks keys (AdaKV): slot -> its masks per layer (the scheduler
+        # sets them for the step; evaluate/engine/decoding_compression.py).
+        self.masked: dict[int, list] = {}
 
     @staticmethod
     def slot_bytes(model, capacity: int) -> int:
@@ -262,6 +266,13 @@ class SlotCache:
         else:
             self.parts[layer_idx] = [self._question(layer_idx, starts, offsets, real)]
         return self.keys[layer_idx], self.values[layer_idx]
+
+    def write_fake_keys(self, layer_idx: int, query: torch.Tensor) -> None:
+        """Before a decoding step's attention on one layer: the masked keys of :attr:`masked`'s rows become fake keys
+        built from the step's ``query`` (the attention groups are views of the buffer, so they see them)."""
+        on_layer = {slot: masks[layer_idx] for slot, masks in self.masked.items() if masks[layer_idx] is not None}
+        if on_layer:
+            write_fake_keys(self.keys[layer_idx], query, on_layer)
 
     def _segment(self, layer_idx: int, start: int, stop: int, width: int) -> tuple:
         """Slots ``start:stop`` of a decoding step over their first ``width`` keys: views, nothing copied."""

@@ -176,20 +176,12 @@ def why_not_pooled_decoding(press: DecodingPress | None) -> str | None:
     it can: evaluate/engine/decoding_compression.py).
 
     - A subclass may hook or compress otherwise (CAM).
-    - AdaKV as the base press masks keys with fake keys that kvpress's attention patch writes into the cache itself,
-      where its next compression scores them (and an unmasked position keeps its stale fake key): the pool hides
-      keys with its mask instead, which gives the same attention but not the same later scores.
     - A base press drawing random numbers would draw them in the pool's order of rows, not its run's.
     """
     if press is None:
         return None
     if type(press) is not DecodingPress:
         return f"{type(press).__name__} overrides DecodingPress: only kvpress's own schedule is reproduced in the pool"
-    if isinstance(press.base_press, AdaKVPress):
-        return (
-            "AdaKV under a DecodingPress scores the fake keys kvpress writes into the cache, which the pool's "
-            "masks do not reproduce"
-        )
     if any(isinstance(member, RandomPress) for member in members(press)):
         return "its base press draws random numbers while decoding, in an order the pool's interleaved rows change"
     return None
