@@ -4,6 +4,9 @@ One pool holds rows of every kind a sweep produces at once: caches of different 
 (kvpress's ChunkKV), AdaKV's masked keys, questions of different lengths and answers of different budgets.
 """
 
+import gc
+import weakref
+
 import pytest
 import torch
 from kvpress import AdaKVPress, ChunkKVPress, KnormPress, SnapKVPress
@@ -165,3 +168,26 @@ def test_decoding_leaves_every_cache_as_it_found_it(setup):
     for request, layers in zip(requests, before, strict=True):
         for layer, (keys, values) in zip(request.cache.layers, layers, strict=True):
             assert torch.equal(layer.keys, keys) and torch.equal(layer.values, values)
+
+
+def test_a_cache_is_freed_once_its_rows_hold_it_in_slots(setup):
+    """The pool copies a row's cache into its slot; the row then lets go of it, so a cache no caller holds is freed
+    while its rows decode, not when they leave (it would otherwise be held twice: issue 36, a sweep's memory)."""
+    model, _, pipe = setup
+    cache, questions, context_length, hidden = compressed(model, pipe, SnapKVPress(compression_ratio=0.5))
+    alive = weakref.ref(cache)
+    pool = DecodingPool(model, 4, 2**30)
+    lengths = set()
+    for question in questions:
+        request = DecodeRequest(cache, question, context_length, 8, hidden)
+        lengths.add(request.slot_length())
+        pool.submit(request)
+    del cache, request
+    pool.step()
+    gc.collect()
+    assert alive() is None
+    assert sum(row is not None for row in pool.rows) == len(questions)
+    assert all(row.request.cache is None for row in pool.rows if row)
+    assert {row.slot_length for row in pool.rows if row} == lengths
+    while pool.busy():
+        pool.step()

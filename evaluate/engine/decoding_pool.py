@@ -224,7 +224,7 @@ class DecodingPool:
     def _arrange(self) -> None:
         """Keep rows of like slot length next to each other, so that a decoding step attends each segment of slots
         over its own width (SlotCache.plan); after an admission, moving only the rows out of place."""
-        order = arrangement([row.request.slot_length() if row is not None else None for row in self.rows])
+        order = arrangement([row.slot_length if row is not None else None for row in self.rows])
         self.cache.permute(order)
         self.rows = [self.rows[source] for source in order]
 

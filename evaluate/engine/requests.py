@@ -1,7 +1,7 @@
 """What the engine is asked, and what it gives back: a row to answer greedily or teacher-force on a compressed cache,
 the row while it runs, and the row it finished with its share of the work."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from kvpress import DecodingPress
@@ -37,7 +37,7 @@ class DecodeRequest:
     schedule (evaluate/engine/decoding_compression.py).
     """
 
-    cache: DynamicCache
+    cache: DynamicCache | None  # None once the pool holds it in a slot (RunningRow)
     question_ids: torch.Tensor
     context_length: int
     max_new_tokens: int
@@ -70,17 +70,24 @@ class DecodeRequest:
 
 @dataclass
 class RunningRow:
-    """A request while it holds a slot: the tokens so far, its cost, and its decoding-compression state if its
-    request has a decoding press."""
+    """A request while it holds a slot: the tokens so far, its cost, its slot's length, and its decoding-compression
+    state if its request has a decoding press.
+
+    Made once the slot holds the request's keys and values: the row keeps its request without the cache, which
+    would otherwise stay in memory beside its slot's copy until the row leaves (the cache is freed once no waiting
+    row of its context and point holds it either)."""
 
     request: DecodeRequest
     tokens: list[int] = field(default_factory=list)
     cost: RowCost = field(default_factory=RowCost)
     compression: RowCompression | None = None
+    slot_length: int = 0
 
     def __post_init__(self) -> None:
+        self.slot_length = self.request.slot_length()
         if self.request.decoding is not None and self.request.answer_ids is None and self.compression is None:
             self.compression = RowCompression(self.request.decoding, len(self.request.cache.layers))
+        self.request = replace(self.request, cache=None, hidden=())
 
 
 @dataclass
