@@ -26,6 +26,7 @@ from evaluate.engine.teacher_forcing import (
     teacher_forced,
 )
 from evaluate.errors import ConfigError
+from evaluate.points.budget import apply_budget
 from evaluate.points.plan import Plan
 
 logger = logging.getLogger(__name__)
@@ -108,8 +109,8 @@ def templated_context_length(pipe, tokenizer):
     return length
 
 
-def context_budget(plan: Plan, model, tokenizer) -> tuple[int, int]:
-    """The context budget in tokens, and how many of the plan's samples exceed it (logged).
+def context_budget(plan: Plan, model, tokenizer, log: bool = True) -> tuple[int, int]:
+    """The context budget in tokens, and how many of the plan's samples exceed it (logged, unless ``log`` is false).
 
     ``truncation=pipeline`` (kvpress's rule): the pipeline cuts the chat-templated context (with the question
     appended in query-aware runs) at ``max_context_length``, else at the tokenizer's ``model_max_length``.
@@ -135,7 +136,7 @@ def context_budget(plan: Plan, model, tokenizer) -> tuple[int, int]:
     else:
         budget = spec.max_context_length or model.config.max_position_embeddings
         truncated = sum(plan.context_tokens[sample.context] > budget for sample in plan.samples)
-    if truncated:
+    if truncated and log:
         logger.warning(
             "%d of %d samples have contexts longer than %d tokens and are truncated (truncation=%s)",
             truncated,
@@ -171,6 +172,31 @@ def check_generation_fits(plan: Plan, model, tokenizer) -> None:
             "lower the rows' max_new_tokens (or cap them with max_new_tokens=N) or shorten their questions in "
             "benchmark.path, or leave those tasks out with benchmark.tasks=[...]"
         )
+
+
+def check_budget_fits(plan: Plan, model, tokenizer) -> None:
+    """Refuse a token budget (``budget=N``) that keeps every context whole, as the model receives it (chat template,
+    Finch's suffix and a query-aware question in; truncation applied), which only the tokenizer's pass over the
+    templated text can tell: such a run is the uncompressed one. A context of N tokens or fewer among longer ones
+    is kept whole (ratio 0), which the run's kept ratios show."""
+    budget = plan.spec.budget
+    if budget is None or not plan.todo:
+        return
+    length = templated_context_length(make_pipeline(model, tokenizer, plan.spec.device), tokenizer)
+    cap, _ = context_budget(plan, model, tokenizer, log=False)
+    # Longest raw context first: where some context exceeds the budget, as usual, one count settles it.
+    ordered = sorted(plan.todo, key=lambda sample: -plan.context_tokens[sample.context])
+    longest = 0
+    for sample in ordered:
+        text = plan.compressed_text(sample, plan.context(sample, tokenizer, cap))
+        longest = max(longest, min(length(text, sample.chat_template), pipeline_budget(plan, tokenizer, cap)))
+        if longest > budget:
+            return
+    raise ConfigError(
+        f"budget={budget} keeps every context of {plan.out.name} whole: the longest has {longest} tokens as the "
+        f"model receives it (chat template included); give a budget below {longest}, or press=none for the "
+        "uncompressed run"
+    )
 
 
 def pipeline_budget(plan: Plan, tokenizer, budget: int) -> int:
@@ -211,6 +237,7 @@ def answer_with_pipeline(plan: Plan, model, tokenizer, budget: int) -> Iterator[
     # draws the same ones here.
     torch.manual_seed(plan.spec.seed)
     forcing = forcing_pool(model) if plan.likelihood else None
+    length = templated_context_length(pipe, tokenizer)
     try:
         for group in plan.groups():
             probe.reset()
@@ -224,6 +251,9 @@ def answer_with_pipeline(plan: Plan, model, tokenizer, budget: int) -> Iterator[
             )
             result = AnsweredGroup(0, group, [None] * len(group), None, None, Cost())
             try:
+                if plan.spec.budget is not None:  # this context's own ratio, as the pipeline will cut the context
+                    prefilled = min(length(inputs.text, group[0].chat_template), inputs.max_context_length)
+                    apply_budget(plan.press, prefilled, plan.spec.budget)
                 with chat_template_enabled(tokenizer, group[0].chat_template):
                     answers = pipe(
                         inputs.text,

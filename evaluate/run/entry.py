@@ -22,7 +22,7 @@ from transformers.utils import logging as transformers_logging
 from evaluate import rundir
 from evaluate.engine.attention import why_not_pooled
 from evaluate.engine.decoding_pool import decode_memory_bytes
-from evaluate.engine.pipeline_engine import PipelineEngine, check_generation_fits, context_budget
+from evaluate.engine.pipeline_engine import PipelineEngine, check_budget_fits, check_generation_fits, context_budget
 from evaluate.engine.pool_engine import PoolEngine
 from evaluate.engine.requests import AnsweredGroup, Prefilled
 from evaluate.errors import ConfigError, RunIncomplete, exit_code, fail, refuse, stop_on_signals
@@ -285,6 +285,7 @@ def _load_model(pending: list[Recorder], models: Models, tokenizer):
     warn_if_unpatched(model)
     for recorder in pending:
         check_generation_fits(recorder.plan, model, tokenizer)
+        check_budget_fits(recorder.plan, model, tokenizer)
         recorder.note_weights(weights_bytes(model))
     return model
 

@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from evaluate import rundir
 from evaluate.keys import NON_RESULT_KEYS
-from evaluate.points.config import effective_cr, method_name, run_dir
+from evaluate.points.config import effective_budget, kept_text, method_name, run_dir
 from evaluate.points.shard import resolve_shard
 from evaluate.report.runs import flatten
 from evaluate.score.baseline import is_baseline
@@ -61,7 +61,8 @@ def run_summary(cfg: DictConfig, metrics: dict, overrides: Sequence[str] = ()) -
     kept = [row["kept_ratio"] for row in rows if row.get("kept_ratio") is not None]
     method = method_name(cfg)
     lines = [
-        f"{method} at cr {rundir.cr_text(effective_cr(cfg))} on {cfg.benchmark.name} ({cfg.model.name}, "
+        f"{method} at {kept_text(cfg) if effective_budget(cfg) else 'cr ' + kept_text(cfg)} on {cfg.benchmark.name} "
+        f"({cfg.model.name}, "
         f"{len(rows)} samples): "
         + ", ".join(
             [
@@ -108,7 +109,8 @@ def failed_samples(metrics: dict) -> tuple[int, int]:
 def _settings(cfg: DictConfig) -> dict[str, str]:
     """A point's result settings but the press and ratio (its method names those), flattened to dotted keys."""
     data = OmegaConf.to_container(cfg, resolve=True)
-    kept = {key: value for key, value in data.items() if key not in {*NON_RESULT_KEYS, "cr", "press", "scorer"}}
+    left_out = {*NON_RESULT_KEYS, "cr", "budget", "press", "scorer"}
+    kept = {key: value for key, value in data.items() if key not in left_out}
     return {key: str(value) for key, value in flatten(kept).items()}
 
 
@@ -133,7 +135,7 @@ def sweep_summary(cfgs: Sequence[DictConfig], metrics: Sequence[dict | None]) ->
         settings[differing]
         .assign(
             method=[method_name(cfg) for cfg in cfgs],
-            cr=[rundir.cr_text(effective_cr(cfg)) for cfg in cfgs],
+            cr=[kept_text(cfg) for cfg in cfgs],
             score=[_headline(result) for result in metrics],
             run=[run_dir(cfg) for cfg in cfgs],
         )
@@ -141,12 +143,15 @@ def sweep_summary(cfgs: Sequence[DictConfig], metrics: Sequence[dict | None]) ->
     )
     # Points that differ only in a setting this table leaves out (a press knob) share a cell, joined by " / ".
     table = points.pivot_table(index=["method", *differing], columns="cr", values="score", aggfunc=" / ".join)
+    # Ratios, then budgets by their size (budget=1024 after budget=256).
+    table = table[sorted(table.columns, key=lambda kept: (kept.startswith("budget="), float(kept.split("=")[-1])))]
     scored = any(result and result.get("score") is not None for result in metrics)
     with_kl = any(result and result.get("likelihood") for result in metrics)
     shown = {(True, True): "score (answer KL)", (True, False): "score", (False, True): "answer KL"}.get(
         (scored, with_kl), "score"
     )
-    lines = [f"sweep of {len(cfgs)} points, {shown} by method and cr:", table.fillna("").to_string()]
+    axis = "cr" if all(effective_budget(cfg) is None for cfg in cfgs) else "cr or budget"
+    lines = [f"sweep of {len(cfgs)} points, {shown} by method and {axis}:", table.fillna("").to_string()]
     failed = []
     for index in points.index:
         cfg, result = cfgs[index], metrics[index]
