@@ -22,9 +22,10 @@ def ratio_keeping(context_length: int, budget: int) -> float:
     """The compression ratio at which ``int(context_length * (1 - ratio))``, kvpress's rounding, is exactly
     ``budget``: 0 (keep all) when the context has no more than ``budget`` tokens.
 
-    The ratios that keep N of L pairs form the interval (1 - (N + 1) / L, 1 - N / L]; its right end, 1 - N / L, can
-    round in floating point to a value that keeps N - 1 (L = 3, N = 1 gives 0.666...67, and 3 * 0.333...33 < 1).
-    Its middle, 1 - (N + 0.5) / L, is half a token from either end, far beyond any rounding error of a double."""
+    The ratios that keep N of L pairs form the interval (1 - (N + 1) / L, 1 - N / L]; its right end, 1 - N / L,
+    rounds in floating point to a ratio that keeps N - 1 for many pairs (L = 3, N = 1: 1 - 1/3 is
+    0.6666666666666667, and 3 * (1 - that) is 0.9999999999999998, which keeps 0). Its middle, 1 - (N + 0.5) / L, is
+    half a token from either end, far beyond any rounding error of a double."""
     if context_length <= budget:
         return 0.0
     ratio = 1 - (budget + 0.5) / context_length
