@@ -18,7 +18,7 @@ from evaluate.report.runs import flatten
 from evaluate.score.baseline import is_baseline
 
 # Overrides that choose the press; the uncompressed run of the same samples drops them.
-PRESS_OVERRIDES = ("press=", "press.", "scorer=", "scorer.", "cr=", "+press.", "+scorer.", "method=")
+PRESS_OVERRIDES = ("press=", "press.", "scorer=", "scorer.", "cr=", "budget=", "+press.", "+scorer.", "method=")
 
 
 def _last_of_each_key(overrides: Sequence[str]) -> list[str]:
@@ -89,14 +89,16 @@ def run_summary(cfg: DictConfig, metrics: dict, overrides: Sequence[str] = ()) -
             uncompressed = shlex.join(["press=none", *others])
             lines.append(f"no uncompressed run of these samples and settings yet: python -m evaluate {uncompressed}")
     lines.append(f"files: {out}/ (predictions.jsonl, metrics.json, run.json, config.yaml)")
-    # The sweep suggested is the run's own press, its knobs included, at more ratios; an uncompressed run's sweeps
-    # two presses that compress.
-    press = [override for override in overrides if override.startswith(PRESS_OVERRIDES) and override[:3] != "cr="]
+    # The sweep suggested is the run's own press, its knobs included, at more ratios (or budgets); an uncompressed
+    # run's sweeps two presses that compress.
+    press = [o for o in overrides if o.startswith(PRESS_OVERRIDES) and not o.startswith(("cr=", "budget="))]
     if method == "no_press":
         press = ["press=chunkkv,eg_chunkkv"]
     report = shlex.quote(str(cfg.output_dir))
     lines.append(f"next: python -m evaluate.report {report}   (tables and plots of every run)")
-    sweep = shlex.join(["-m", *press, *others, "cr=0.5,0.7,0.9"])
+    # A budget run's sweep is over budgets: cr beside a budget is refused.
+    kept = "cr=0.5,0.7,0.9" if effective_budget(cfg) is None else "budget=64,256,1024"
+    sweep = shlex.join(["-m", *press, *others, kept])
     lines.append(f"      python -m evaluate {sweep}   (a sweep: one model load, one prefill per context)")
     return "\n".join(lines)
 
@@ -150,7 +152,7 @@ def sweep_summary(cfgs: Sequence[DictConfig], metrics: Sequence[dict | None]) ->
     shown = {(True, True): "score (answer KL)", (True, False): "score", (False, True): "answer KL"}.get(
         (scored, with_kl), "score"
     )
-    axis = "cr" if all(effective_budget(cfg) is None for cfg in cfgs) else "cr or budget"
+    axis = table.columns.name = "cr" if all(effective_budget(cfg) is None for cfg in cfgs) else "cr or budget"
     lines = [f"sweep of {len(cfgs)} points, {shown} by method and {axis}:", table.fillna("").to_string()]
     failed = []
     for index in points.index:
