@@ -96,11 +96,17 @@ def checked(cfgs: Sequence[DictConfig], single: bool = False) -> list[Point]:
         if single:
             refuse_unread_knobs(cfg)
     points = [Point(cfg, resolve(cfg)) for cfg in cfgs]
-    ignored = sorted({float(cfg.cr) for cfg in cfgs if not compresses(cfg) and cfg.cr > 0})
+    uncompressed = [cfg for cfg in cfgs if not compresses(cfg)]
+    given = {
+        "cr": sorted({float(cfg.cr) for cfg in uncompressed if cfg.cr > 0}),
+        "budget": sorted({cfg.budget for cfg in uncompressed if cfg.get("budget") is not None}),
+    }
+    ignored = [f"{key}={','.join(f'{value:g}' for value in values)}" for key, values in given.items() if values]
     if ignored:
         logger.warning(
-            "press=none compresses nothing: cr=%s is ignored and %s",
-            ",".join(f"{cr:g}" for cr in ignored),
+            "press=none compresses nothing: %s %s ignored and %s",
+            " and ".join(ignored),
+            "is" if len(ignored) == 1 else "are",
             "the sweep runs it once, at cr=0, as the baseline of its points"
             if len(cfgs) > 1
             else "the run is recorded at cr=0",
