@@ -60,10 +60,9 @@ def run_summary(cfg: DictConfig, metrics: dict, overrides: Sequence[str] = ()) -
     rows = rundir.read_predictions(out / rundir.PREDICTIONS)
     kept = [row["kept_ratio"] for row in rows if row.get("kept_ratio") is not None]
     method = method_name(cfg)
+    at = kept_text(cfg) if effective_budget(cfg) else f"cr {kept_text(cfg)}"  # budget=64, or cr 0.50
     lines = [
-        f"{method} at {kept_text(cfg) if effective_budget(cfg) else 'cr ' + kept_text(cfg)} on {cfg.benchmark.name} "
-        f"({cfg.model.name}, "
-        f"{len(rows)} samples): "
+        f"{method} at {at} on {cfg.benchmark.name} ({cfg.model.name}, {len(rows)} samples): "
         + ", ".join(
             [
                 *([f"score {metrics['score']}"] if metrics.get("score") is not None else []),
