@@ -16,6 +16,7 @@ from transformers import DynamicCache
 
 from evaluate import rundir
 from evaluate.errors import ConfigError
+from evaluate.models.loading import Models
 from evaluate.models.random_models import TinyRandomModel
 from evaluate.points.budget import apply_budget, ratio_keeping
 from evaluate.points.config import fingerprint, result_config, run_dir, validate
@@ -141,6 +142,10 @@ def test_a_sweep_over_budgets_gets_its_own_table_and_plot(tmp_path):
         kept = {row["context_length"]: row["kept_ratio"] * row["context_length"] for row in rows_of(point)}
         assert min(kept) < 400 < max(kept)
         assert kept == pytest.approx({length: min(budget, length) for length in kept}, abs=1e-9)
+    # kvpress's pipeline path gives each context its own ratio as the shared prefill does.
+    alone = compose_config(tmp_path / "alone", *common, "scorer=knorm", "budget=400", "decode_batch_size=1")
+    run(alone)
+    assert [row["prediction"] for row in rows_of(alone)] == [row["prediction"] for row in rows_of(points[1])]
     runs, skipped = collect_runs(out)
     assert not skipped and len(runs) == 4
     report = build_report(runs, skipped, resamples=0)
@@ -216,14 +221,19 @@ def test_cr_beside_a_budget_is_refused_on_the_command_line(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
-def test_a_budget_that_keeps_every_context_whole_is_refused_before_anything_is_written(tmp_path):
-    cfg = budget_config(tmp_path / "runs", "scorer=knorm", f"budget={CONTEXT}")
-    with pytest.raises(ConfigError) as refused:
-        run(cfg)
+@pytest.mark.parametrize("truncation", ["pipeline", "head"])
+def test_a_budget_that_keeps_every_context_whole_is_refused_before_the_model_loads(tmp_path, monkeypatch, truncation):
+    cfg = budget_config(tmp_path / "runs", "scorer=knorm", f"budget={CONTEXT}", f"truncation={truncation}")
+    with monkeypatch.context() as patched:
+        patched.setattr(Models, "model", lambda *args: pytest.fail("the model loaded before the refusal"))
+        with pytest.raises(ConfigError) as refused:
+            run(cfg)
     assert str(refused.value) == (
         f"budget={CONTEXT} keeps every context of {run_dir(cfg).name} whole: the longest has {CONTEXT} tokens as the "
         f"model receives it (chat template included); give a budget below {CONTEXT}, or press=none for the "
         "uncompressed run"
     )
     assert not (tmp_path / "runs").exists()
-    run(budget_config(tmp_path / "runs", "scorer=knorm", f"budget={CONTEXT - 1}"))  # keeps all but one pair
+    cfg = budget_config(tmp_path / "runs", "scorer=knorm", f"budget={CONTEXT - 1}", f"truncation={truncation}")
+    run(cfg)  # keeps all but one pair of each context
+    assert [row["kept_ratio"] * CONTEXT for row in rows_of(cfg)] == pytest.approx([CONTEXT - 1] * 6)

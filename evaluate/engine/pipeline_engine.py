@@ -5,10 +5,13 @@ with ``questions=``, exactly as kvpress's evaluation runs them. Also here: the c
 """
 
 import logging
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from functools import partial
+from types import SimpleNamespace
 
 import torch
 from transformers import DynamicCache
@@ -109,8 +112,16 @@ def templated_context_length(pipe, tokenizer):
     return length
 
 
-def context_budget(plan: Plan, model, tokenizer, log: bool = True) -> tuple[int, int]:
-    """The context budget in tokens, and how many of the plan's samples exceed it (logged, unless ``log`` is false).
+def context_cap(spec, tokenizer, model=None) -> int | None:
+    """The context budget in tokens (:func:`context_budget`); None where it is the model's and no ``model`` is
+    given (``head``/``middle`` without ``max_context_length``)."""
+    if spec.max_context_length or spec.truncation == "pipeline":
+        return spec.max_context_length or pipeline_max_context_length(tokenizer)
+    return model.config.max_position_embeddings if model is not None else None
+
+
+def context_budget(plan: Plan, model, tokenizer) -> tuple[int, int]:
+    """The context budget in tokens, and how many of the plan's samples exceed it (logged).
 
     ``truncation=pipeline`` (kvpress's rule): the pipeline cuts the chat-templated context (with the question
     appended in query-aware runs) at ``max_context_length``, else at the tokenizer's ``model_max_length``.
@@ -118,8 +129,8 @@ def context_budget(plan: Plan, model, tokenizer, log: bool = True) -> tuple[int,
     ``max_position_embeddings``, before the pipeline sees it.
     """
     spec = plan.spec
+    budget = context_cap(spec, tokenizer, model)
     if spec.truncation == "pipeline":
-        budget = spec.max_context_length or pipeline_max_context_length(tokenizer)
         length = templated_context_length(make_pipeline(model, tokenizer, plan.spec.device), tokenizer)
 
         def may_exceed(sample: Sample) -> bool:
@@ -134,9 +145,8 @@ def context_budget(plan: Plan, model, tokenizer, log: bool = True) -> tuple[int,
             for sample in plan.samples
         )
     else:
-        budget = spec.max_context_length or model.config.max_position_embeddings
         truncated = sum(plan.context_tokens[sample.context] > budget for sample in plan.samples)
-    if truncated and log:
+    if truncated:
         logger.warning(
             "%d of %d samples have contexts longer than %d tokens and are truncated (truncation=%s)",
             truncated,
@@ -174,22 +184,22 @@ def check_generation_fits(plan: Plan, model, tokenizer) -> None:
         )
 
 
-def check_budget_fits(plan: Plan, model, tokenizer) -> None:
-    """Refuse a token budget (``budget=N``) that keeps every context whole, as the model receives it (chat template,
-    Finch's suffix and a query-aware question in; truncation applied), which only the tokenizer's pass over the
-    templated text can tell: such a run is the uncompressed one. A context of N tokens or fewer among longer ones
-    is kept whole (ratio 0), which the run's kept ratios show."""
-    budget = plan.spec.budget
+def check_budget_fits(plan: Plan, tokenizer, model=None) -> None:
+    """Refuse a token budget (``budget=N``) that keeps every context whole as the model receives it (chat template,
+    Finch's suffix and a query-aware question in; truncation applied): such a run is the uncompressed one. The
+    tokenizer alone counts that, so the run checks before the model loads; where the contexts are cut at the model's
+    positions (``head``/``middle`` without ``max_context_length``), once more with the ``model``. A context of N
+    tokens or fewer among longer ones is kept whole (ratio 0), which the run's kept ratios show."""
+    budget, cap = plan.spec.budget, context_cap(plan.spec, tokenizer, model)
     if budget is None or not plan.todo:
         return
-    length = templated_context_length(make_pipeline(model, tokenizer, plan.spec.device), tokenizer)
-    cap, _ = context_budget(plan, model, tokenizer, log=False)
+    length = templated_context_length(preprocessor(tokenizer), tokenizer)
+    uncut = cap if cap is not None else sys.maxsize  # uncut, every context is as long as cut or longer
     # Longest raw context first: where some context exceeds the budget, as usual, one count settles it.
-    ordered = sorted(plan.todo, key=lambda sample: -plan.context_tokens[sample.context])
     longest = 0
-    for sample in ordered:
-        text = plan.compressed_text(sample, plan.context(sample, tokenizer, cap))
-        longest = max(longest, min(length(text, sample.chat_template), pipeline_budget(plan, tokenizer, cap)))
+    for sample in sorted(plan.todo, key=lambda sample: -plan.context_tokens[sample.context]):
+        text = plan.compressed_text(sample, plan.context(sample, tokenizer, uncut))
+        longest = max(longest, min(length(text, sample.chat_template), pipeline_budget(plan, tokenizer, uncut)))
         if longest > budget:
             return
     raise ConfigError(
@@ -197,6 +207,16 @@ def check_budget_fits(plan: Plan, model, tokenizer) -> None:
         f"model receives it (chat template included); give a budget below {longest}, or press=none for the "
         "uncompressed run"
     )
+
+
+def preprocessor(tokenizer) -> SimpleNamespace:
+    """kvpress's pipeline's ``preprocess`` (chat template, tokenization, truncation) before a model exists: it reads
+    nothing of its pipeline but the tokenizer."""
+    from kvpress import KVPressTextGenerationPipeline  # imported late: kvpress patches attention globally
+
+    holder = SimpleNamespace(tokenizer=tokenizer)
+    holder.preprocess = partial(KVPressTextGenerationPipeline.preprocess, holder)
+    return holder
 
 
 def pipeline_budget(plan: Plan, tokenizer, budget: int) -> int:
