@@ -42,5 +42,6 @@ RUNNER_KNOBS = frozenset(
         "hidden_states_buffer_size",
     }
 )
-# What chooses the press and how much it removes: a run and its uncompressed baseline differ in these alone.
-PRESS_KEYS = frozenset({"press", "scorer", "cr", *RUNNER_KNOBS})
+# What chooses the press and how much it removes (a ratio, or a token budget): a run and its uncompressed baseline
+# differ in these alone.
+PRESS_KEYS = frozenset({"press", "scorer", "cr", "budget", *RUNNER_KNOBS})

@@ -5,10 +5,13 @@ with ``questions=``, exactly as kvpress's evaluation runs them. Also here: the c
 """
 
 import logging
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from functools import partial
+from types import SimpleNamespace
 
 import torch
 from transformers import DynamicCache
@@ -26,6 +29,7 @@ from evaluate.engine.teacher_forcing import (
     teacher_forced,
 )
 from evaluate.errors import ConfigError
+from evaluate.points.budget import apply_budget
 from evaluate.points.plan import Plan
 
 logger = logging.getLogger(__name__)
@@ -108,6 +112,14 @@ def templated_context_length(pipe, tokenizer):
     return length
 
 
+def context_cap(spec, tokenizer, model=None) -> int | None:
+    """The context budget in tokens (:func:`context_budget`); None where it is the model's and no ``model`` is
+    given (``head``/``middle`` without ``max_context_length``)."""
+    if spec.max_context_length or spec.truncation == "pipeline":
+        return spec.max_context_length or pipeline_max_context_length(tokenizer)
+    return model.config.max_position_embeddings if model is not None else None
+
+
 def context_budget(plan: Plan, model, tokenizer) -> tuple[int, int]:
     """The context budget in tokens, and how many of the plan's samples exceed it (logged).
 
@@ -117,8 +129,8 @@ def context_budget(plan: Plan, model, tokenizer) -> tuple[int, int]:
     ``max_position_embeddings``, before the pipeline sees it.
     """
     spec = plan.spec
+    budget = context_cap(spec, tokenizer, model)
     if spec.truncation == "pipeline":
-        budget = spec.max_context_length or pipeline_max_context_length(tokenizer)
         length = templated_context_length(make_pipeline(model, tokenizer, plan.spec.device), tokenizer)
 
         def may_exceed(sample: Sample) -> bool:
@@ -133,7 +145,6 @@ def context_budget(plan: Plan, model, tokenizer) -> tuple[int, int]:
             for sample in plan.samples
         )
     else:
-        budget = spec.max_context_length or model.config.max_position_embeddings
         truncated = sum(plan.context_tokens[sample.context] > budget for sample in plan.samples)
     if truncated:
         logger.warning(
@@ -171,6 +182,41 @@ def check_generation_fits(plan: Plan, model, tokenizer) -> None:
             "lower the rows' max_new_tokens (or cap them with max_new_tokens=N) or shorten their questions in "
             "benchmark.path, or leave those tasks out with benchmark.tasks=[...]"
         )
+
+
+def check_budget_fits(plan: Plan, tokenizer, model=None) -> None:
+    """Refuse a token budget (``budget=N``) that keeps every context whole as the model receives it (chat template,
+    Finch's suffix and a query-aware question in; truncation applied): such a run is the uncompressed one. The
+    tokenizer alone counts that, so the run checks before the model loads; where the contexts are cut at the model's
+    positions (``head``/``middle`` without ``max_context_length``), once more with the ``model``. A context of N
+    tokens or fewer among longer ones is kept whole (ratio 0), which the run's kept ratios show."""
+    budget, cap = plan.spec.budget, context_cap(plan.spec, tokenizer, model)
+    if budget is None or not plan.todo:
+        return
+    length = templated_context_length(preprocessor(tokenizer), tokenizer)
+    uncut = cap if cap is not None else sys.maxsize  # uncut, every context is as long as cut or longer
+    # Longest raw context first: where some context exceeds the budget, as usual, one count settles it.
+    longest = 0
+    for sample in sorted(plan.todo, key=lambda sample: -plan.context_tokens[sample.context]):
+        text = plan.compressed_text(sample, plan.context(sample, tokenizer, uncut))
+        longest = max(longest, min(length(text, sample.chat_template), pipeline_budget(plan, tokenizer, uncut)))
+        if longest > budget:
+            return
+    raise ConfigError(
+        f"budget={budget} keeps every context of {plan.out.name} whole: the longest has {longest} tokens as the "
+        f"model receives it (chat template included); give a budget below {longest}, or press=none for the "
+        "uncompressed run"
+    )
+
+
+def preprocessor(tokenizer) -> SimpleNamespace:
+    """kvpress's pipeline's ``preprocess`` (chat template, tokenization, truncation) before a model exists: it reads
+    nothing of its pipeline but the tokenizer."""
+    from kvpress import KVPressTextGenerationPipeline  # imported late: kvpress patches attention globally
+
+    holder = SimpleNamespace(tokenizer=tokenizer)
+    holder.preprocess = partial(KVPressTextGenerationPipeline.preprocess, holder)
+    return holder
 
 
 def pipeline_budget(plan: Plan, tokenizer, budget: int) -> int:
@@ -211,6 +257,7 @@ def answer_with_pipeline(plan: Plan, model, tokenizer, budget: int) -> Iterator[
     # draws the same ones here.
     torch.manual_seed(plan.spec.seed)
     forcing = forcing_pool(model) if plan.likelihood else None
+    length = templated_context_length(pipe, tokenizer)
     try:
         for group in plan.groups():
             probe.reset()
@@ -224,6 +271,9 @@ def answer_with_pipeline(plan: Plan, model, tokenizer, budget: int) -> Iterator[
             )
             result = AnsweredGroup(0, group, [None] * len(group), None, None, Cost())
             try:
+                if plan.spec.budget is not None:  # this context's own ratio, as the pipeline will cut the context
+                    prefilled = min(length(inputs.text, group[0].chat_template), inputs.max_context_length)
+                    apply_budget(plan.press, prefilled, plan.spec.budget)
                 with chat_template_enabled(tokenizer, group[0].chat_template):
                     answers = pipe(
                         inputs.text,

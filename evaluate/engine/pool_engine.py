@@ -25,6 +25,7 @@ from evaluate.engine.prefill import PrefillCapture, QuestionIds, RandomStream, c
 from evaluate.engine.requests import AnsweredGroup, DecodeRequest, Prefilled, RowCost, hidden_keys
 from evaluate.engine.score_memo import ScoreMemo
 from evaluate.engine.teacher_forcing import forcing_pool, likelihood_fields, reference_answer_ids, teacher_forced
+from evaluate.points.budget import apply_budget
 from evaluate.points.plan import Plan
 from evaluate.points.press_traits import decoding_part, prefill_part
 
@@ -259,6 +260,8 @@ class PoolEngine:
         start = time.perf_counter()
         try:
             ids = context.question_ids(group, plan.spec.query_aware)
+            if plan.spec.budget is not None:  # this context's own ratio (decoding-time presses take no budget)
+                apply_budget(plan.press, context.length, plan.spec.budget)
             with torch.no_grad(), stream.active():
                 # A decoding-time press's prefill part here; its decoding part compresses each row in the pool.
                 cache = compressed_cache(prefill_part(plan.press), self.layers, context.capture.captured, scores)

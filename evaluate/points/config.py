@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from evaluate import registry, rundir
 from evaluate.errors import ConfigError
 from evaluate.keys import NON_RESULT_KEYS
+from evaluate.points.budget import why_not_budget
 from evaluate.points.press_traits import (
     changes_the_model,
     downloads,
@@ -137,9 +138,24 @@ def uses_scorer(cfg: DictConfig) -> bool:
     return compresses(cfg) and cfg.press.press.get("_target_") != registry.BUILD_TARGET
 
 
-def effective_cr(cfg: DictConfig) -> float:
-    """The compression ratio actually applied: presses that do not compress apply 0."""
+def effective_budget(cfg: DictConfig) -> int | None:
+    """The token budget of each context (``budget=N``), or None: for ``cr`` runs and presses that do not compress."""
+    budget = cfg.get("budget")
+    return int(budget) if budget is not None and compresses(cfg) else None
+
+
+def effective_cr(cfg: DictConfig) -> float | None:
+    """The compression ratio actually applied: presses that do not compress apply 0; a token budget applies none
+    (each context gets its own ratio, evaluate/points/budget.py)."""
+    if effective_budget(cfg) is not None:
+        return None
     return float(cfg.cr) if compresses(cfg) else 0.0
+
+
+def kept_text(cfg: DictConfig) -> str:
+    """How much a point keeps, as its lines print it: ``budget=N``, or the ratio as run names write it."""
+    budget = effective_budget(cfg)
+    return rundir.cr_text(effective_cr(cfg)) if budget is None else f"budget={budget}"
 
 
 def attention_implementation(cfg: DictConfig) -> str:
@@ -174,6 +190,7 @@ def validate(cfg: DictConfig) -> None:
     """Refuse configurations kvpress cannot run, each with a one-line reason."""
     if not 0 <= cfg.cr < 1:
         raise ConfigError(f"cr={cfg.cr} is outside [0, 1): cr is the fraction of KV pairs removed, e.g. cr=0.5")
+    _check_budget(cfg)
     if cfg.limit is not None and cfg.limit <= 0:
         raise ConfigError(f"limit={cfg.limit} must be a positive number of samples per task, or null for all")
     if not 0 < cfg.fraction <= 1:
@@ -223,6 +240,27 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(
             f"scorer {cfg.scorer.name} reads the attention weights, which only eager attention returns; "
             "use attn_implementation=eager"
+        )
+
+
+def _check_budget(cfg: DictConfig) -> None:
+    """Refuse a token budget that is not a positive count, one a press cannot keep, or one that every context fits
+    in: with ``truncation=pipeline`` no context is longer than ``max_context_length``, so a budget at least that
+    keeps them all whole, the uncompressed run (the lengths themselves are checked once tokenized)."""
+    budget = cfg.get("budget")
+    if budget is None:
+        return
+    if budget <= 0:
+        raise ConfigError(f"budget={budget} must be a positive number of tokens kept per context, e.g. budget=256")
+    if not compresses(cfg):
+        return
+    why_not = why_not_budget(described_press(cfg))
+    if why_not:
+        raise ConfigError(f"method {method_name(cfg)} cannot keep a token budget: {why_not}")
+    if cfg.truncation == "pipeline" and cfg.max_context_length is not None and budget >= cfg.max_context_length:
+        raise ConfigError(
+            f"budget={budget} keeps every context whole: none is longer than max_context_length="
+            f"{cfg.max_context_length}; give a smaller budget (or press=none for the uncompressed run)"
         )
 
 
@@ -282,6 +320,9 @@ def validate_budget(cfg: DictConfig, shortest_context: int) -> None:
     cr = effective_cr(cfg)
     if cr == 0:
         return
+    if cr is None:  # a token budget keeps at least 1 pair of every context, and exactly its budget
+        _warn_window(cfg, min(effective_budget(cfg), shortest_context), shortest_context, f"budget={cfg.budget}")
+        return
     if uses_scorer(cfg):
         n_kept = int(shortest_context * (1 - cr))
         if n_kept == 0:
@@ -290,21 +331,7 @@ def validate_budget(cfg: DictConfig, shortest_context: int) -> None:
                 f"({shortest_context} tokens), and the press would keep 1 anyway; use contexts of at least "
                 f"{shortest_keeping(1, cr)} tokens or a lower cr"
             )
-        window = cfg.scorer.press.get("window_size")
-        if isinstance(window, int) and n_kept < window:
-            # Not refused: the press keeps its budget, as kvpress computes it; but which pairs is tie-breaking.
-            logger.warning(
-                "scorer %s keeps %d pairs per head of the shortest context (%d tokens) at cr=%s, fewer than its "
-                "window of %d, which it scores above every other position: the pairs kept are window positions "
-                "picked among equal scores by torch.topk; use contexts of at least %d tokens or a smaller "
-                "scorer.press.window_size for a selection the scores decide",
-                cfg.scorer.name,
-                n_kept,
-                shortest_context,
-                cr,
-                window,
-                shortest_keeping(window, cr),
-            )
+        _warn_window(cfg, n_kept, shortest_context, f"cr={cr}", shortest_keeping)
     for member in members(described_press(cfg)):
         # kvpress's own compress (press=chunkkv, method=chunkkv), not presses/chunkkv_exact.py's exact budget.
         if isinstance(member, ChunkKVPress) and type(member).compress is ChunkKVPress.compress:
@@ -318,6 +345,31 @@ def validate_budget(cfg: DictConfig, shortest_context: int) -> None:
                     f"{(shortest_keeping(1, cr) - 1) * chunk_length + 1} tokens, a chunk_length of at most "
                     f"{largest_chunk_keeping(shortest_context, cr)}, or press=chunkkv_exact (an exact budget)"
                 )
+
+
+def _warn_window(cfg: DictConfig, n_kept: int, shortest_context: int, at: str, shortest=None) -> None:
+    """Warn when the pairs kept of the shortest context are fewer than the scorer's window. Not refused: the press
+    keeps its budget, as kvpress computes it; but which pairs is tie-breaking. ``shortest(window, cr)``, for a
+    ratio, is the context length whose budget holds the window; a token budget holds it at ``budget=window``."""
+    window = cfg.scorer.press.get("window_size") if uses_scorer(cfg) else None
+    if not isinstance(window, int) or n_kept >= window:
+        return
+    fix = (
+        f"use contexts of at least {shortest(window, effective_cr(cfg))} tokens"
+        if shortest
+        else f"use budget={window} or more"
+    )
+    logger.warning(
+        "scorer %s keeps %d pairs per head of the shortest context (%d tokens) at %s, fewer than its window of %d, "
+        "which it scores above every other position: the pairs kept are window positions picked among equal scores "
+        "by torch.topk; %s or a smaller scorer.press.window_size for a selection the scores decide",
+        cfg.scorer.name,
+        n_kept,
+        shortest_context,
+        at,
+        window,
+        fix,
+    )
 
 
 def shortest_keeping(n_kept: int, cr: float) -> int:
@@ -343,6 +395,11 @@ def result_config(cfg: DictConfig) -> dict:
     for key in NON_RESULT_KEYS:
         resolved.pop(key, None)
     resolved["cr"] = effective_cr(cfg)
+    if effective_budget(cfg) is None:
+        resolved.pop("budget", None)  # cr runs keep the fingerprints they had before budget= existed
+    else:
+        resolved.pop("cr")  # each context gets its own ratio: the budget alone says what is kept
+        resolved["budget"] = effective_budget(cfg)
     for knob in registry.RUNNER_KNOBS:
         if resolved.get(knob) is None:
             resolved.pop(knob, None)  # unset knobs do not split runs, nor move the runs recorded before they existed
@@ -376,7 +433,9 @@ def fingerprint(cfg: DictConfig) -> str:
 
 def run_name(cfg: DictConfig) -> str:
     """Readable run directory name; the suffix hashes every result-changing key the name leaves out."""
-    parts = [cfg.benchmark.name, cfg.model.name, method_name(cfg), f"cr{rundir.cr_text(effective_cr(cfg))}"]
+    budget = effective_budget(cfg)
+    kept = f"cr{rundir.cr_text(effective_cr(cfg))}" if budget is None else f"budget{budget}"
+    parts = [cfg.benchmark.name, cfg.model.name, method_name(cfg), kept]
     if cfg.query_aware:
         parts.append("query_aware")
     parts.append(fingerprint(cfg)[:6])

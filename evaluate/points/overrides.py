@@ -54,6 +54,7 @@ def check_overrides(overrides: Sequence[str], config_dirs: Sequence[Path] = ()) 
         if override.key_or_group == "hydra.searchpath"
         for folder in _search_path_folders(override.value())
     ]
+    _refuse_cr_with_budget(parsed)
     folders = (CONF_DIR, *config_dirs, *searched)
     for override in parsed:
         key = override.key_or_group
@@ -63,6 +64,20 @@ def check_overrides(overrides: Sequence[str], config_dirs: Sequence[Path] = ()) 
             _check_options(override, folders)
         else:
             _check_key(override, folders)
+
+
+def _refuse_cr_with_budget(parsed: Sequence[Override]) -> None:
+    """Refuse ``cr`` given beside a ``budget``: each says how much is kept, and the budget would win silently. Only
+    the command line tells a ``cr`` given from conf/config.yaml's default, which every composed config has."""
+    given = {override.key_or_group: override for override in parsed if not override.is_delete()}
+    budget, cr = given.get("budget"), given.get("cr")
+    if budget is None or cr is None or (not budget.is_sweep_override() and budget.value() is None):
+        return
+    budget_text, cr_text = (override.input_line.partition("=")[2] for override in (budget, cr))
+    raise ConfigError(
+        f"budget={budget_text} and cr={cr_text} both say how much is kept; give one: budget=N keeps N tokens of each "
+        "context, cr=X removes the fraction X of them"
+    )
 
 
 def _search_path_folders(value) -> list[Path]:

@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 from evaluate.errors import ConfigError
 from evaluate.points.config import (
     attention_implementation,
+    effective_budget,
     effective_cr,
     fingerprint,
     method_name,
@@ -34,7 +35,8 @@ class PointSpec:
     out: Path
     fingerprint: str
     method: str
-    effective_cr: float
+    # None under a token budget, which gives each context its own ratio (evaluate/points/budget.py).
+    effective_cr: float | None
     attention: str
     device: str
     device_map: dict[str, int | str] | str | None
@@ -58,6 +60,8 @@ class PointSpec:
     fail_fast: bool
     wait_for_locks: bool
     shard: Shard = Shard()
+    # KV pairs kept of each context (budget=N), or None: the engines set each context's ratio from it.
+    budget: int | None = None
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,7 @@ def resolve(cfg: DictConfig) -> PointSpec:
         fingerprint=fingerprint(cfg),
         method=method_name(cfg),
         effective_cr=effective_cr(cfg),
+        budget=effective_budget(cfg),
         attention=attention_implementation(cfg),
         device=resolve_device(cfg.device),
         device_map=resolve_device_map(cfg),

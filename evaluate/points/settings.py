@@ -20,6 +20,7 @@ from evaluate.errors import ConfigError
 @dataclass
 class Settings:
     cr: float = MISSING
+    budget: int | None = MISSING
     query_aware: bool = MISSING
     key_channel_compression_ratio: float | None = MISSING
     threshold: float | None = MISSING

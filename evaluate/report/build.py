@@ -10,10 +10,18 @@ from evaluate import rundir
 from evaluate.report.capacity import DEFAULT_MEMORY_GB, capacity_table, check_memory
 from evaluate.report.compare import compare_tables, load_references
 from evaluate.report.differences import Effect, diff_table, effect_table, load_effects
-from evaluate.report.frame import runs_frame
+from evaluate.report.frame import runs_frame, split_by_axis
 from evaluate.report.iso_quality import iso_table
 from evaluate.report.runs import RunResult, compute_intervals
-from evaluate.report.tables import Table, cost_table, headline_table, likelihood_tables, runs_table, task_table
+from evaluate.report.tables import (
+    BUDGET,
+    Table,
+    cost_table,
+    headline_table,
+    likelihood_tables,
+    runs_table,
+    task_table,
+)
 from evaluate.score.iso_quality import DEFAULT_DELTA, DEFAULT_RELATIVE, thresholds
 
 
@@ -31,9 +39,11 @@ class Report:
     iso: list[Table] = field(default_factory=list)  # the iso-quality table, where there are compressed runs
     iso_series: pd.DataFrame | None = None  # its series with their figures, for the plots
     capacity: list[Table] = field(default_factory=list)  # the serving-capacity table, where runs recorded KV bytes
+    budgets: list[Table] = field(default_factory=list)  # the headline by token budget, where runs have one
 
     def tables(self) -> list[Table]:
-        tables = [*self.headline, *self.tasks, *self.differences, *self.iso, *self.capacity, *self.comparisons]
+        tables = [*self.headline, *self.budgets, *self.tasks, *self.differences, *self.iso, *self.capacity]
+        tables += self.comparisons
         tables += self.likelihood
         return [*tables, cost_table(self.frame), runs_table(self.frame)]
 
@@ -44,6 +54,7 @@ class Report:
         paragraphs = ["# PressBench results", f"{len(self.runs)} finished runs from `{runs_dir}`.", cells]
         for table in self.headline:
             paragraphs += [table.page(), f"Per task: [{table.name}_tasks.md]({table.name}_tasks.md)"]
+        paragraphs += [table.page() for table in self.budgets]
         paragraphs += [table.page() for table in [*self.differences, *self.iso, *self.capacity, *self.comparisons]]
         for table in self.likelihood[:1]:
             paragraphs += [table.page(), "Per task: [likelihood_tasks.md](likelihood_tasks.md)"]
@@ -74,17 +85,21 @@ def build_report(
     check_memory(serving_memory_gb)
     compute_intervals(runs, resamples, seed)
     frame = runs_frame(runs)
+    # The tables by cr read the runs at a ratio; token-budget runs (budget=N) get their own headline table.
+    by_ratio, by_budget = split_by_axis(frame)
+    at_ratio = [run for run in runs if run.budget is None]
     effects = load_effects() if effects is None else effects
-    differences = [table for effect in effects if (table := effect_table(runs, effect, resamples, seed))]
-    differences += [diff_table(runs, a, b, resamples, seed) for a, b in diffs]
-    compared = compare_tables(runs, load_references(reference_dir), resamples, seed) if reference_dir else ([], 0)
-    benchmarks = sorted(frame.benchmark.unique())
-    headline = [headline_table(frame, benchmark) for benchmark in benchmarks]
-    tasks = [task_table(frame, benchmark) for benchmark in benchmarks]
+    differences = [table for effect in effects if (table := effect_table(at_ratio, effect, resamples, seed))]
+    differences += [diff_table(at_ratio, a, b, resamples, seed) for a, b in diffs]
+    compared = compare_tables(at_ratio, load_references(reference_dir), resamples, seed) if reference_dir else ([], 0)
+    benchmarks = sorted(by_ratio.benchmark.unique())
+    headline = [headline_table(by_ratio, benchmark) for benchmark in benchmarks]
+    tasks = [task_table(by_ratio, benchmark) for benchmark in benchmarks]
+    budgets = [headline_table(by_budget, benchmark, BUDGET) for benchmark in sorted(by_budget.benchmark.unique())]
     comparisons, unmatched = compared
-    iso, series = iso_table(runs, frame, chosen, resamples, seed)
-    likelihood = likelihood_tables(frame)
-    capacity = capacity_table(runs, frame, serving_memory_gb)
+    iso, series = iso_table(runs, by_ratio, chosen, resamples, seed)
+    likelihood = likelihood_tables(by_ratio)
+    capacity = capacity_table(runs, by_ratio, serving_memory_gb)
     return Report(
         runs,
         frame,
@@ -98,6 +113,7 @@ def build_report(
         [iso] if iso else [],
         series,
         [capacity] if capacity else [],
+        budgets,
     )
 
 

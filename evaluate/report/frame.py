@@ -22,7 +22,8 @@ def bracketed(variant: str) -> str:
 def runs_frame(runs: Sequence[RunResult]) -> pd.DataFrame:
     """One row per run x task, in the order of ``runs`` and of task names (a run without tasks keeps a row, task
     None). Besides the run's figures: ``run``, its position in ``runs``; ``cr`` as recorded and ``ratio`` rounded
-    to match runs on; ``reference``, a no_press run; ``baseline``, the position of the run's uncompressed baseline
+    to match runs on, or ``budget``, the tokens kept of each context, for a token-budget run (NaN in the other);
+    ``reference``, a no_press run; ``baseline``, the position of the run's uncompressed baseline
     (evaluate/score/baseline.py), NA for none; ``contexts``, the fewest any task's interval resampled; ``n``,
     samples; ``settings``, the benchmark's config; each likelihood field's headline (``answer_kl``, ...) with its
     interval (``answer_kl_low``, ``answer_kl_high``) and ``likelihood_n``, the rows that have them; then task,
@@ -36,6 +37,7 @@ def runs_frame(runs: Sequence[RunResult]) -> pd.DataFrame:
             "run": position,
             "cr": run.compression_ratio,
             "ratio": round(run.compression_ratio, 6),
+            "budget": run.budget,
             "reference": run.method == NO_PRESS,
             "baseline": baselines[position],
             **{column: getattr(run.interval, name, None) for column, name in _INTERVAL.items()},
@@ -62,6 +64,7 @@ def runs_frame(runs: Sequence[RunResult]) -> pd.DataFrame:
             records.append({**common, "task": task, **task_figures, "task_likelihood_n": means.get("n")})
     # Scores are floats, NaN where a benchmark gives none (ZeroSCROLLS): tables show "-", plots draw nothing.
     numbers = {"baseline": "Int64", "contexts": "Int64", "task_n": "Int64", "score": float, "task_score": float}
+    numbers |= {"cr": float, "ratio": float, "budget": float}  # NaN where the other decides what is kept
     likelihood_columns = [
         *LIKELIHOOD_FIELDS,
         *(f"{name}_{end}" for name in LIKELIHOOD_FIELDS for end in ("low", "high")),
@@ -76,3 +79,12 @@ def runs_frame(runs: Sequence[RunResult]) -> pd.DataFrame:
 def run_level(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per run, without the task columns."""
     return frame.drop_duplicates("run").drop(columns=_TASK_COLUMNS).reset_index(drop=True)
+
+
+def split_by_axis(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``frame``'s runs at a compression ratio (every ``no_press`` run among them), and its token-budget runs
+    (``budget=N``) with the ``no_press`` runs that are their baselines: the tables and plots by cr read the first,
+    those by budget the second, so that neither mistakes the other's runs for its own."""
+    budget = frame.budget.notna()
+    baselines = frame.reference & frame.run.isin(frame.baseline[budget].dropna())
+    return frame[~budget], frame[budget | baselines]

@@ -3,7 +3,8 @@ score of each method with its bootstrap 95% band and its baseline's score as a d
 (and query-awareness); ``{benchmark}_tasks.png``, the same for every task, a small panel each. Partial runs are drawn
 with hollow markers. ``{benchmark}_kl.png``: the mean answer KL from the uncompressed model against cr, for runs
 with the likelihood fields; ``{benchmark}_cost.png``: score against the KV bytes held, each point labelled with its
-ratio; ``{benchmark}_iso.png``: each method's compression at iso-quality against its baseline. For
+ratio; ``{benchmark}_iso.png``: each method's compression at iso-quality against its baseline;
+``{benchmark}_budget.png``: the headline score against token budget, for ``budget=N`` runs. For
 needle-in-a-haystack runs also ``{benchmark}_heatmap.png``: the needle score by depth and context length, a panel
 per method and compression ratio."""
 
@@ -19,7 +20,7 @@ import pandas as pd
 
 from evaluate import rundir
 from evaluate.benchmarks.needle_in_haystack import TASK_SCORE_LABEL, NeedleInHaystack, task_depth
-from evaluate.report.frame import QUERY_AWARE, bracketed, run_level
+from evaluate.report.frame import QUERY_AWARE, bracketed, run_level, split_by_axis
 from evaluate.report.runs import NO_PRESS
 
 matplotlib.use("Agg")  # files only; never a display
@@ -40,16 +41,30 @@ class Style(NamedTuple):
     scale: float  # 1 for the line drawn last, up to 1.7 for the first, drawn under every other
 
 
-def _lines(frame: pd.DataFrame, benchmark: str, qualified: bool = False) -> tuple[pd.DataFrame, dict, list[float]]:
-    """The rows of ``benchmark`` by cr, with their ``line`` (method, variant, and model and query-awareness when
-    ``qualified`` and several); one :class:`Style` per line; the ratios of the compressed runs. The rows keep only
-    the ``no_press`` runs to draw: those that are the baseline of a compressed row (evaluate/score/baseline.py), or
-    all of them where no compressed row is drawn."""
+class XAxis(NamedTuple):
+    """What a figure's x axis is: the compression ratio, or the token budget of ``budget=N`` runs."""
+
+    column: str  # the runs frame's column
+    label: str
+    log: bool  # budgets span orders of magnitude (64, 256, 1024): a log2 axis spaces them evenly
+
+
+CR_AXIS = XAxis("cr", "compression ratio (fraction of KV pairs removed)", False)
+BUDGET_AXIS = XAxis("budget", "token budget (KV pairs kept of each context)", True)
+
+
+def _lines(
+    frame: pd.DataFrame, benchmark: str, qualified: bool = False, axis: XAxis = CR_AXIS
+) -> tuple[pd.DataFrame, dict, list[float]]:
+    """The rows of ``benchmark`` by cr (or ``axis``), with their ``line`` (method, variant, and model and
+    query-awareness when ``qualified`` and several); one :class:`Style` per line; the ratios (or budgets) of the
+    compressed runs. The rows keep only the ``no_press`` runs to draw: those that are the baseline of a compressed
+    row (evaluate/score/baseline.py), or all of them where no compressed row is drawn."""
     rows = frame[frame.benchmark == benchmark]
     lines = rows.method + rows.variant.map(bracketed)
     if qualified and len(rows[["model", "query_aware"]].drop_duplicates()) > 1:
         lines += " · " + rows.model + rows.query_aware.map(QUERY_AWARE)
-    rows = rows.assign(line=lines.map(short_labels(lines))).sort_values("cr", kind="stable")
+    rows = rows.assign(line=lines.map(short_labels(lines))).sort_values(axis.column, kind="stable")
     if not rows.reference.all():
         rows = rows[~rows.reference | rows.run.isin(rows.baseline.dropna())]
     labels = sorted(rows.line[~rows.reference].unique())
@@ -59,7 +74,7 @@ def _lines(frame: pd.DataFrame, benchmark: str, qualified: bool = False) -> tupl
         label: Style(palette(i % palette.N), _MARKERS[i % len(_MARKERS)], 1 + 0.7 * (len(labels) - 1 - i) / steps)
         for i, label in enumerate(labels)
     }
-    return rows, styles, sorted(rows.cr[~rows.reference].unique()) or [0.0]
+    return rows, styles, sorted(rows[axis.column][~rows.reference].unique()) or [0.0]
 
 
 _PATH = re.compile(r'"[^"]*/[^"]*"')  # a JSON string in a variant that holds a path (benchmark.path)
@@ -117,12 +132,20 @@ def _y_limits(ax, values: Iterable[float | None], score: bool) -> None:
     ax.set_ylim(-0.04 * top, top)
 
 
-def _style(ax, ratios: Sequence[float], values: Sequence[float], fontsize: int = 10, score: bool = True) -> None:
+def _style(
+    ax, ratios: Sequence[float], values: Sequence[float], fontsize: int = 10, score: bool = True, log: bool = False
+) -> None:
+    """Ticks at ``ratios`` (budgets on a log2 axis where ``log``), the y range, the grid."""
+    if log:
+        ax.set_xscale("log", base=2)
+        ax.set_xlim(min(ratios) / 1.4, max(ratios) * 1.4)
+        ax.minorticks_off()
     ax.set_xticks(ratios)
-    ax.set_xticklabels(ratio_labels(ratios), fontsize=fontsize)
+    ax.set_xticklabels([f"{ratio:.0f}" for ratio in ratios] if log else ratio_labels(ratios), fontsize=fontsize)
     ax.tick_params(axis="y", labelsize=fontsize)
-    span = (max(ratios) - min(ratios)) or 0.2
-    ax.set_xlim(min(ratios) - 0.08 * span, max(ratios) + 0.08 * span)
+    if not log:
+        span = (max(ratios) - min(ratios)) or 0.2
+        ax.set_xlim(min(ratios) - 0.08 * span, max(ratios) + 0.08 * span)
     _y_limits(ax, values, score)
     ax.grid(True, alpha=0.3)
     ax.spines[["top", "right"]].set_visible(False)
@@ -147,6 +170,11 @@ def plot_benchmark(benchmark: str, frame: pd.DataFrame, path: Path) -> Path:
     return _against_cr(benchmark, frame, path, *_SCORE)
 
 
+def plot_budget(benchmark: str, frame: pd.DataFrame, path: Path) -> Path:
+    """Headline score against token budget for the ``budget=N`` runs of one benchmark (frame.split_by_axis)."""
+    return _against_cr(benchmark, frame, path, *_SCORE, axis=BUDGET_AXIS)
+
+
 def plot_kl(benchmark: str, frame: pd.DataFrame, path: Path) -> Path:
     """Mean answer KL (the likelihood fields' divergence from the uncompressed model) against compression ratio."""
     return _against_cr(benchmark, frame, path, *_KL)
@@ -162,16 +190,17 @@ def _against_cr(
     name: str,
     digits: int,
     score: bool,
+    axis: XAxis = CR_AXIS,
 ) -> Path:
-    """``value`` of each method against compression ratio with its bootstrap band, the no-compression value as a
-    dashed line, a panel per model and query-awareness."""
-    runs, styles, ratios = _lines(run_level(frame), benchmark)
+    """``value`` of each method against compression ratio (or ``axis``) with its bootstrap band, the
+    no-compression value as a dashed line, a panel per model and query-awareness."""
+    runs, styles, ratios = _lines(run_level(frame), benchmark, axis=axis)
     compressed = runs[~runs.reference]
     panels = runs.sort_values("run").groupby(["model", "query_aware"])
     fig, axes = plt.subplots(1, panels.ngroups, figsize=(7.5 * panels.ngroups + 2.5, 5.2), squeeze=False)
     for ax, ((model, query_aware), members) in zip(axes[0], panels, strict=True):
         for label, line in compressed[compressed.run.isin(members.run)].groupby("line"):
-            xs, ys, lows, highs = (line[column].tolist() for column in ("cr", value, low, high))
+            xs, ys, lows, highs = (line[column].tolist() for column in (axis.column, value, low, high))
             _draw_points(ax, line, xs, ys, styles[label], label)
             if line[low].isna().any():
                 continue
@@ -192,8 +221,8 @@ def _against_cr(
             ax.axhline(reference[value], color=_REFERENCE_COLOR, linestyle="--", linewidth=1.5, label=label, zorder=1.5)
             if pd.notna(reference[low]):
                 ax.axhspan(reference[low], reference[high], color=_REFERENCE_COLOR, alpha=0.08)
-        _style(ax, ratios, [*members[value], *members[high]], fontsize=11, score=score)
-        ax.set_xlabel("compression ratio (fraction of KV pairs removed)", fontsize=12)
+        _style(ax, ratios, [*members[value], *members[high]], fontsize=11, score=score, log=axis.log)
+        ax.set_xlabel(axis.label, fontsize=12)
         ax.set_ylabel(name, fontsize=12)
         ax.set_title(f"{benchmark} — {model}{QUERY_AWARE[query_aware]}", fontsize=13)
     handles, labels = axes[0][-1].get_legend_handles_labels()
@@ -431,8 +460,12 @@ def plot_all(frame: pd.DataFrame, out: Path, iso_series: pd.DataFrame | None = N
     """For every benchmark of the runs frame: both score figures where its runs have scores (``generate=false``
     runs have none), the answer KL against cr where they have the likelihood fields, the score against KV bytes
     where runs recorded them, the iso-quality figure where ``iso_series`` (the iso-quality table's series) has a
-    series with a baseline; and the heatmap of needle runs. Returns the files written."""
+    series with a baseline; the score against token budget where runs have one (``budget=N``); and the heatmap of
+    needle runs. Returns the files written."""
     written = []
+    frame, by_budget = split_by_axis(frame)
+    for name in sorted(by_budget.benchmark[by_budget.score.notna() & by_budget.budget.notna()].unique()):
+        written.append(plot_budget(name, by_budget, out / f"{name}_budget.png"))
     for name, runs in frame.groupby("benchmark"):
         scored = runs.score.notna().any()
         plots = [(plot_benchmark, ""), (plot_task_grid, "_tasks")] if scored else []

@@ -24,9 +24,9 @@ from evaluate.score.likelihood import FIELDS, row_fields
 logger = logging.getLogger(__name__)
 
 DEFAULT_RUNS = Path("results/runs")
-# Config keys that never distinguish two results (the fingerprint leaves them out too), the ratio itself (as does
-# any compression_ratio), and the report settings an experiment preset carries.
-_NOT_A_VARIANT = {*NON_RESULT_KEYS, "cr", "wandb", "report"}
+# Config keys that never distinguish two results (the fingerprint leaves them out too), the ratio or token budget
+# itself (as does any compression_ratio), and the report settings an experiment preset carries.
+_NOT_A_VARIANT = {*NON_RESULT_KEYS, "cr", "budget", "wandb", "report"}
 
 
 class ReportError(RuntimeError):
@@ -61,7 +61,10 @@ class RunResult:
         # The hub id or local path for hub models, otherwise the model's name.
         self.model_id = str(self.config.get("model", {}).get("source", {}).get("name_or_path") or self.model)
         self.method = str(self.record.get("method") or self.config.get("press", {}).get("method", "?"))
-        self.compression_ratio = float(self.record.get("compression_ratio", 0.0))
+        # A token-budget run has no one ratio (NaN: the ratio tables leave it to the budget tables).
+        self.budget: int | None = self.record.get("budget")
+        ratio = self.record.get("compression_ratio", 0.0)
+        self.compression_ratio = float("nan") if self.budget is not None or ratio is None else float(ratio)
         self.query_aware = bool(self.config.get("query_aware", False))
         self.tasks: dict[str, dict] = self.metrics.get("tasks", {})
         self.samples = sum(int(task.get("n", 0)) for task in self.tasks.values())
@@ -90,6 +93,7 @@ _SHAPES = {
         "config.model": dict,
         "config.model.source": dict,
         "compression_ratio": _NUMBER,
+        "budget": int,
     },
     rundir.METRICS: {"tasks": dict, "score": _NUMBER, "likelihood": dict},
     rundir.RUN: {
@@ -247,7 +251,7 @@ def _assign_variants(runs: list[RunResult]) -> tuple[list[RunResult], list[tuple
     kept: dict[tuple, RunResult] = {}
     duplicates = []
     for run in runs:
-        key = (*run.row_key, run.variant, round(run.compression_ratio, 6))
+        key = (*run.row_key, run.variant, run.budget, None if run.budget else round(run.compression_ratio, 6))
         if key in kept:  # more samples wins, then the most recent; on a tie, the run found later
             worse, kept[key] = sorted((kept[key], run), key=lambda r: (r.samples, r.run.get("updated_at", "")))
             reason = f"same configuration as {kept[key].path}, which has more samples or is newer"

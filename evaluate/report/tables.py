@@ -2,6 +2,7 @@
 headline, per-task and runs tables are pivots of the frame."""
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,25 @@ def fmt_number(value: float | None, signed: bool = False) -> str:
 
 def fmt_cr(cr: float) -> str:
     return f"cr={rundir.cr_text(cr)}"
+
+
+def fmt_budget(budget: float) -> str:
+    return f"budget={budget:.0f}"
+
+
+@dataclass(frozen=True)
+class Axis:
+    """What a headline table's columns are: the compression ratio, or the token budget (``budget=N``) of the runs
+    that have one (frame.split_by_axis gives each its runs)."""
+
+    column: str  # the frame's column
+    header: Callable[[float], str]  # a column's header
+    title: str
+    suffix: str  # of the table's file name
+
+
+RATIO = Axis("ratio", fmt_cr, "compression ratio", "")
+BUDGET = Axis("budget", fmt_budget, "token budget (KV pairs kept of each context)", "_budget")
 
 
 def fmt_interval(low: float | None, high: float | None, signed: bool = False) -> str:
@@ -79,27 +99,28 @@ def run_cell(run: pd.Series) -> str:
     return f"{fmt_number(run.score)}{fmt_interval(run.ci_low, run.ci_high)} n={run.n}" + ("*" if run.partial else "")
 
 
-def placed_references(runs: pd.DataFrame) -> tuple[list[float], pd.DataFrame]:
-    """A table's ratio columns, and its ``no_press`` runs (run level) with the ``column`` each is shown in: every
-    ratio of the compressed runs it is the baseline of (evaluate/score/baseline.py), never beside runs of other data
-    or settings; one that is the baseline of none (or of a table without compressed runs) in a ``cr=0`` column."""
+def placed_references(runs: pd.DataFrame, axis: Axis = RATIO) -> tuple[list[float], pd.DataFrame]:
+    """A table's columns (ratios, or budgets), and its ``no_press`` runs (run level) with the ``column`` each is shown
+    in: every ratio of the compressed runs it is the baseline of (evaluate/score/baseline.py), never beside runs of
+    other data or settings; one that is the baseline of none (or of a table without compressed runs) in a ``cr=0``
+    column."""
     compressed = runs[~runs.reference]
-    paired = compressed[["baseline", "ratio"]].dropna().drop_duplicates().astype({"baseline": int})
+    paired = compressed[["baseline", axis.column]].dropna().drop_duplicates().astype({"baseline": int})
     references = runs[runs.reference]
-    placed = references.merge(paired.rename(columns={"baseline": "run", "ratio": "column"}), on="run")
+    placed = references.merge(paired.rename(columns={"baseline": "run", axis.column: "column"}), on="run")
     alone = references[~references.run.isin(placed.run)].assign(column=0.0)
     placed = pd.concat([placed, alone], ignore_index=True).astype({"reference": bool, "column": float})
-    return sorted({*compressed.ratio, *placed.column}), placed
+    return sorted({*compressed[axis.column], *placed.column}), placed
 
 
-def baseline_notes(runs: pd.DataFrame) -> list[str]:
+def baseline_notes(runs: pd.DataFrame, axis: Axis = RATIO) -> list[str]:
     """Which compressed runs have no uncompressed baseline, and what a ``cr=0`` column holds."""
     missing = runs[~runs.reference & runs.baseline.isna()]
     if not runs.reference.any():
         return [f"No `{NO_PRESS}` run: run `press=none` for the no-compression row."]
     notes = []
     if not missing.empty:
-        listed = ", ".join(dict.fromkeys(missing.label + " " + missing.cr.map(fmt_cr)))
+        listed = ", ".join(dict.fromkeys(missing.label + " " + missing[axis.column].map(axis.header)))
         notes.append(
             f"No uncompressed baseline for {listed}: no `{NO_PRESS}` run here has the same data, samples and "
             "settings but the press; run `press=none` with their settings for one."
@@ -145,29 +166,30 @@ def interval_notes(items: pd.DataFrame) -> list[str]:
     return notes
 
 
-def headline_table(frame: pd.DataFrame, benchmark: str) -> Table:
-    """Rows benchmark x method (x model when several), columns cr; no compression beside the runs it is the
-    baseline of (:func:`placed_references`)."""
+def headline_table(frame: pd.DataFrame, benchmark: str, axis: Axis = RATIO) -> Table:
+    """Rows benchmark x method (x model when several), columns cr (or budget, ``axis``); no compression beside the
+    runs it is the baseline of (:func:`placed_references`)."""
     frame = run_level(frame[frame.benchmark == benchmark])
-    ratios, references = placed_references(frame)
+    ratios, references = placed_references(frame, axis)
     compressed = frame[~frame.reference]
-    placed = pd.concat([compressed.assign(column=compressed.ratio), references], ignore_index=True)
+    placed = pd.concat([compressed.assign(column=compressed[axis.column]), references], ignore_index=True)
     placed = placed.assign(cell=placed.apply(run_cell, axis=1), compressed=~placed.reference, row=row_method(placed))
     keys = ["model", "query_aware", "compressed", "method", "variant", "label", "row"]
     grid = placed.astype(object).pivot(index=keys, columns="column", values=["cell", *_HEADLINE_CSV]).sort_index()
     rows = grid.index.to_frame(index=False)
     models = {"model": rows.model} if frame.model.nunique() > 1 else {}
     md = pd.DataFrame({"benchmark": benchmark, **models, "method": rows.label})
-    md[[fmt_cr(cr) for cr in ratios]] = grid["cell"].fillna("").to_numpy()
+    md[[axis.header(cr) for cr in ratios]] = grid["cell"].fillna("").to_numpy()
     data = rows[["model", "row", "query_aware"]].rename(columns={"row": "method"})
     data.insert(0, "benchmark", benchmark)
     columns = [(value, cr) for cr in ratios for value in _HEADLINE_CSV]
-    data[[fmt_cr(cr) + _HEADLINE_CSV[value] for value, cr in columns]] = grid[columns].to_numpy()
+    data[[axis.header(cr) + _HEADLINE_CSV[value] for value, cr in columns]] = grid[columns].to_numpy()
     notes = settings_note(frame) + partial_note(frame) + interval_notes(frame)
     if (frame.score.isna() & frame.answer_kl.notna()).any():
         notes.append("`-` with n: made with generate=false, no answers to score; see the likelihood table.")
-    notes += baseline_notes(frame)
-    return Table(benchmark, f"{benchmark}: headline score by compression ratio", data, [("", md)], notes)
+    notes += baseline_notes(frame, axis)
+    title = f"{benchmark}: headline score by {axis.title}"
+    return Table(benchmark + axis.suffix, title, data, [("", md)], notes)
 
 
 def task_table(frame: pd.DataFrame, benchmark: str) -> Table:
@@ -197,12 +219,23 @@ def task_table(frame: pd.DataFrame, benchmark: str) -> Table:
     return Table(f"{benchmark}_tasks", f"{benchmark}: per-task scores", data, sections, partial_note(runs))
 
 
+def budget_column(frame: pd.DataFrame) -> list[str]:
+    """The ``budget`` column, where token-budget runs are listed (reports without them keep their columns)."""
+    return ["budget"] if frame.budget.notna().any() else []
+
+
+def budget_type(frame: pd.DataFrame) -> dict[str, str]:
+    """Budgets are whole numbers of tokens, missing for cr runs: the tables write 256, not 256.0."""
+    return dict.fromkeys(budget_column(frame), "Int64")
+
+
 def runs_table(frame: pd.DataFrame) -> Table:
     """Every run with every figure the other tables show, one row each."""
-    frame = run_level(frame).sort_values(["benchmark", "model", "method", "variant", "cr"], kind="stable")
-    columns = "benchmark model model_id method variant query_aware cr score ci_low ci_high n partial".split()
+    frame = run_level(frame).sort_values(["benchmark", "model", "method", "variant", "cr", "budget"], kind="stable")
+    columns = "benchmark model model_id method variant query_aware cr".split() + budget_column(frame)
+    columns += "score ci_low ci_high n partial".split()
     columns += "partial_reasons status kept_ratio wall_seconds peak_memory_mb run_dir".split()
-    data = frame.assign(partial_reasons=frame.partial_reasons.str.join("; "))[columns]
+    data = frame.assign(partial_reasons=frame.partial_reasons.str.join("; "))[columns].astype(budget_type(frame))
     return Table("runs", "Runs", data.rename(columns=_CSV_NAMES))
 
 
@@ -210,12 +243,16 @@ def cost_table(frame: pd.DataFrame) -> Table:
     """Every run's cost beside its score, one column per cost key of run.json (evaluate/cost_schema.py): seconds by
     phase, decoding speed, forward passes per question, the KV bytes each context's cache physically held against
     those its press counts as kept, wall time and peak memory."""
-    frame = run_level(frame).sort_values(["benchmark", "model", "method", "variant", "cr"], kind="stable")
-    columns = ["benchmark", "model", "method", "variant", "query_aware", "cr", "score", *COST_KEYS]
-    data = frame[columns].rename(columns=_CSV_NAMES)
+    frame = run_level(frame).sort_values(["benchmark", "model", "method", "variant", "cr", "budget"], kind="stable")
+    columns = ["benchmark", "model", "method", "variant", "query_aware", "cr", *budget_column(frame), "score"]
+    columns += COST_KEYS
+    data = frame[columns].astype(budget_type(frame)).rename(columns=_CSV_NAMES)
     shown_as = {"number": fmt_number, "count": fmt_count, "mib": fmt_mib}
+    # A token-budget run has no one ratio, a cr run no budget: "-" in the column that does not apply.
+    axes = {name: data[name].astype(object).fillna("-") for name in ("compression_ratio", "budget") if "budget" in data}
     shown = data.assign(
         score=data.score.map(fmt_number),
+        **axes,
         **{key: data[key].map(shown_as[cost_metadata(key)["shown"]]) for key in COST_KEYS},
     ).rename(columns={key: cost_metadata(key)["column"] for key in COST_KEYS if cost_metadata(key)["column"]})
     notes = [

@@ -45,7 +45,8 @@ def log_report(report: "Report", plots: Sequence[Path], mode: str, project: str 
         record = {f"tables/{t.name}": _table(wandb, t.cells(), allow_mixed_types=True) for t in report.tables()}
         for benchmark in benchmarks:
             for value, suffix, title in (("score", "", "score"), ("answer_kl", "_kl", "answer KL")):
-                measured = runs[(runs.benchmark == benchmark) & runs[value].notna()]
+                # Charts against cr: token-budget runs have none (their figure is among the plots).
+                measured = runs[(runs.benchmark == benchmark) & runs[value].notna() & runs.budget.isna()]
                 if measured.empty:
                     continue  # generate=false runs have no score; runs made with likelihood=false no KL
                 points = measured.assign(method=measured.label + " · " + measured.model, compression_ratio=measured.cr)

@@ -22,7 +22,13 @@ from transformers.utils import logging as transformers_logging
 from evaluate import rundir
 from evaluate.engine.attention import why_not_pooled
 from evaluate.engine.decoding_pool import decode_memory_bytes
-from evaluate.engine.pipeline_engine import PipelineEngine, check_generation_fits, context_budget
+from evaluate.engine.pipeline_engine import (
+    PipelineEngine,
+    check_budget_fits,
+    check_generation_fits,
+    context_budget,
+    context_cap,
+)
 from evaluate.engine.pool_engine import PoolEngine
 from evaluate.engine.requests import AnsweredGroup, Prefilled
 from evaluate.errors import ConfigError, RunIncomplete, exit_code, fail, refuse, stop_on_signals
@@ -96,11 +102,17 @@ def checked(cfgs: Sequence[DictConfig], single: bool = False) -> list[Point]:
         if single:
             refuse_unread_knobs(cfg)
     points = [Point(cfg, resolve(cfg)) for cfg in cfgs]
-    ignored = sorted({float(cfg.cr) for cfg in cfgs if not compresses(cfg) and cfg.cr > 0})
+    uncompressed = [cfg for cfg in cfgs if not compresses(cfg)]
+    given = {
+        "cr": sorted({float(cfg.cr) for cfg in uncompressed if cfg.cr > 0}),
+        "budget": sorted({cfg.budget for cfg in uncompressed if cfg.get("budget") is not None}),
+    }
+    ignored = [f"{key}={','.join(f'{value:g}' for value in values)}" for key, values in given.items() if values]
     if ignored:
         logger.warning(
-            "press=none compresses nothing: cr=%s is ignored and %s",
-            ",".join(f"{cr:g}" for cr in ignored),
+            "press=none compresses nothing: %s %s ignored and %s",
+            " and ".join(ignored),
+            "is" if len(ignored) == 1 else "are",
             "the sweep runs it once, at cr=0, as the baseline of its points"
             if len(cfgs) > 1
             else "the run is recorded at cr=0",
@@ -260,6 +272,8 @@ def _run_on_one_model(points: list[Point], models: Models) -> list[Recorder]:
     tokenizer = models.tokenizer(instantiate(points[0].cfg.model.source))
     recorders = [Recorder(make_plan(point, tokenizer), point.cfg) for point in points]
     pending = [recorder for recorder in recorders if recorder.plan.todo]
+    for recorder in pending:  # the tokenizer counts the contexts as the model will receive them
+        check_budget_fits(recorder.plan, tokenizer)
     # The model loads, and its samples are checked against it, before any session opens: a model that cannot load
     # or rows that cannot fit it leave no run directory behind (the refusal's one line, exit 2).
     model = _load_model(pending, models, tokenizer) if pending else None
@@ -285,6 +299,8 @@ def _load_model(pending: list[Recorder], models: Models, tokenizer):
     warn_if_unpatched(model)
     for recorder in pending:
         check_generation_fits(recorder.plan, model, tokenizer)
+        if context_cap(recorder.plan.spec, tokenizer) is None:  # cut at the model's positions: known now
+            check_budget_fits(recorder.plan, tokenizer, model)
         recorder.note_weights(weights_bytes(model))
     return model
 

@@ -177,6 +177,8 @@ def config_record(plan: Plan, cfg: DictConfig) -> dict:
     return {
         "method": plan.spec.method,
         "compression_ratio": plan.spec.effective_cr,
+        # KV pairs kept of each context, where a token budget (not one ratio) decides what is kept.
+        **({"budget": plan.spec.budget} if plan.spec.budget is not None else {}),
         "fingerprint": plan.spec.fingerprint,
         "press": repr(plan.press),
         # The code of a press defined outside kvpress and PressBench, which no version above identifies.
@@ -431,6 +433,7 @@ class Recorder:
             "status": status,
             **unanswered,
             **detail,
+            **({"budget": self.plan.spec.budget} if self.plan.spec.budget is not None else {}),
             "samples": len(self.done_ids),
             "session_samples": len(self.done_ids) - len(self.kept_rows),
             "samples_expected": len(self.plan.share),

@@ -12,13 +12,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from evaluate import rundir
 from evaluate.keys import NON_RESULT_KEYS
-from evaluate.points.config import effective_cr, method_name, run_dir
+from evaluate.points.config import effective_budget, kept_text, method_name, run_dir
 from evaluate.points.shard import resolve_shard
 from evaluate.report.runs import flatten
 from evaluate.score.baseline import is_baseline
 
 # Overrides that choose the press; the uncompressed run of the same samples drops them.
-PRESS_OVERRIDES = ("press=", "press.", "scorer=", "scorer.", "cr=", "+press.", "+scorer.", "method=")
+PRESS_OVERRIDES = ("press=", "press.", "scorer=", "scorer.", "cr=", "budget=", "+press.", "+scorer.", "method=")
 
 
 def _last_of_each_key(overrides: Sequence[str]) -> list[str]:
@@ -60,9 +60,9 @@ def run_summary(cfg: DictConfig, metrics: dict, overrides: Sequence[str] = ()) -
     rows = rundir.read_predictions(out / rundir.PREDICTIONS)
     kept = [row["kept_ratio"] for row in rows if row.get("kept_ratio") is not None]
     method = method_name(cfg)
+    at = kept_text(cfg) if effective_budget(cfg) else f"cr {kept_text(cfg)}"  # budget=64, or cr 0.50
     lines = [
-        f"{method} at cr {rundir.cr_text(effective_cr(cfg))} on {cfg.benchmark.name} ({cfg.model.name}, "
-        f"{len(rows)} samples): "
+        f"{method} at {at} on {cfg.benchmark.name} ({cfg.model.name}, {len(rows)} samples): "
         + ", ".join(
             [
                 *([f"score {metrics['score']}"] if metrics.get("score") is not None else []),
@@ -88,14 +88,16 @@ def run_summary(cfg: DictConfig, metrics: dict, overrides: Sequence[str] = ()) -
             uncompressed = shlex.join(["press=none", *others])
             lines.append(f"no uncompressed run of these samples and settings yet: python -m evaluate {uncompressed}")
     lines.append(f"files: {out}/ (predictions.jsonl, metrics.json, run.json, config.yaml)")
-    # The sweep suggested is the run's own press, its knobs included, at more ratios; an uncompressed run's sweeps
-    # two presses that compress.
-    press = [override for override in overrides if override.startswith(PRESS_OVERRIDES) and override[:3] != "cr="]
+    # The sweep suggested is the run's own press, its knobs included, at more ratios (or budgets); an uncompressed
+    # run's sweeps two presses that compress.
+    press = [o for o in overrides if o.startswith(PRESS_OVERRIDES) and not o.startswith(("cr=", "budget="))]
     if method == "no_press":
         press = ["press=chunkkv,eg_chunkkv"]
     report = shlex.quote(str(cfg.output_dir))
     lines.append(f"next: python -m evaluate.report {report}   (tables and plots of every run)")
-    sweep = shlex.join(["-m", *press, *others, "cr=0.5,0.7,0.9"])
+    # A budget run's sweep is over budgets: cr beside a budget is refused.
+    kept = "cr=0.5,0.7,0.9" if effective_budget(cfg) is None else "budget=64,256,1024"
+    sweep = shlex.join(["-m", *press, *others, kept])
     lines.append(f"      python -m evaluate {sweep}   (a sweep: one model load, one prefill per context)")
     return "\n".join(lines)
 
@@ -108,7 +110,8 @@ def failed_samples(metrics: dict) -> tuple[int, int]:
 def _settings(cfg: DictConfig) -> dict[str, str]:
     """A point's result settings but the press and ratio (its method names those), flattened to dotted keys."""
     data = OmegaConf.to_container(cfg, resolve=True)
-    kept = {key: value for key, value in data.items() if key not in {*NON_RESULT_KEYS, "cr", "press", "scorer"}}
+    left_out = {*NON_RESULT_KEYS, "cr", "budget", "press", "scorer"}
+    kept = {key: value for key, value in data.items() if key not in left_out}
     return {key: str(value) for key, value in flatten(kept).items()}
 
 
@@ -133,7 +136,7 @@ def sweep_summary(cfgs: Sequence[DictConfig], metrics: Sequence[dict | None]) ->
         settings[differing]
         .assign(
             method=[method_name(cfg) for cfg in cfgs],
-            cr=[rundir.cr_text(effective_cr(cfg)) for cfg in cfgs],
+            cr=[kept_text(cfg) for cfg in cfgs],
             score=[_headline(result) for result in metrics],
             run=[run_dir(cfg) for cfg in cfgs],
         )
@@ -141,12 +144,15 @@ def sweep_summary(cfgs: Sequence[DictConfig], metrics: Sequence[dict | None]) ->
     )
     # Points that differ only in a setting this table leaves out (a press knob) share a cell, joined by " / ".
     table = points.pivot_table(index=["method", *differing], columns="cr", values="score", aggfunc=" / ".join)
+    # Ratios, then budgets by their size (budget=1024 after budget=256).
+    table = table[sorted(table.columns, key=lambda kept: (kept.startswith("budget="), float(kept.split("=")[-1])))]
     scored = any(result and result.get("score") is not None for result in metrics)
     with_kl = any(result and result.get("likelihood") for result in metrics)
     shown = {(True, True): "score (answer KL)", (True, False): "score", (False, True): "answer KL"}.get(
         (scored, with_kl), "score"
     )
-    lines = [f"sweep of {len(cfgs)} points, {shown} by method and cr:", table.fillna("").to_string()]
+    axis = table.columns.name = "cr" if all(effective_budget(cfg) is None for cfg in cfgs) else "cr or budget"
+    lines = [f"sweep of {len(cfgs)} points, {shown} by method and {axis}:", table.fillna("").to_string()]
     failed = []
     for index in points.index:
         cfg, result = cfgs[index], metrics[index]
