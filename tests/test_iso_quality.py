@@ -18,13 +18,18 @@ from evaluate.report.build import build_report
 from evaluate.report.cli import main
 from evaluate.report.runs import collect_runs
 from evaluate.score.iso_quality import (
+    ABOVE,
     AT_LEAST,
+    AT_MOST,
     BELOW,
     INTERPOLATED,
     MEASURED,
+    IsoInterval,
     Threshold,
     _draw_iso_crs,
+    budget_interval,
     check_thresholds,
+    iso_budget,
     iso_cr,
     iso_intervals,
 )
@@ -232,3 +237,98 @@ def test_leaderboard_csv_has_each_method_at_iso_quality(tmp_path, capsys):
     assert [rows["knorm", "0.5"][key] for key in iso] == ["0.5", "≥", "0.5", "≥", ""]
     assert [rows["tova", "0.5"][key] for key in iso] == ["", "", "", "", "no uncompressed run to compare with"]
     assert [rows["no_press", "0.0"][key] for key in iso] == ["", "", "", "", ""]
+
+
+def test_iso_budget_by_hand():
+    """Budgets scan from the largest down: the smallest budget whose score stays within the threshold."""
+    budgets, scores = [1024, 256, 64], [50.0, 49.5, 40.0]
+    # Absolute, threshold 49: 1024 and 256 pass, 64 (40) fails first. The line from (256, 49.5) to (64, 40) crosses
+    # 49 at 256 + (64 - 256) x (49.5 - 49) / (49.5 - 40) = 256 - 96 / 9.5 = 245.8947...
+    found = iso_budget(budgets, scores, 49.0)
+    assert found.mark == INTERPOLATED and found.cr == round(256 + (64 - 256) * (49.5 - 49) / (49.5 - 40), 4)
+    assert (found.cr, found.text) == (245.8947, "≈245.895")
+    # Every budget passes: at most the smallest; the largest already fails: above the largest.
+    assert (iso_budget(budgets, scores, 30.0).cr, iso_budget(budgets, scores, 30.0).mark) == (64, AT_MOST)
+    assert iso_budget(budgets, scores, 30.0).text == "≤64"
+    above = iso_budget(budgets, scores, 50.5)
+    assert (above.cr, above.mark, above.text) == (1024, ABOVE, ">1024")
+    # The last passing budget exactly on the threshold: that budget, measured.
+    assert iso_budget(budgets, scores, 49.5) == found.__class__(256, MEASURED)
+    with pytest.raises(ValueError, match="budgets descending"):
+        iso_budget([64, 256, 1024], scores[::-1], 49.0)
+
+
+def test_a_budget_interval_swaps_its_bounds_and_marks():
+    """On the axis -budget a draw interval [<-1024, -200] (some draws fail at the largest budget) reads [200, >1024]
+    in budgets; [-300, ≥-64] (some draws pass everywhere) reads [≤64, 300]."""
+    found = budget_interval(IsoInterval(-1024.0, -200.0, BELOW, "", resamples=10, contexts=5))
+    assert (found.low, found.high, found.low_mark, found.high_mark) == (200.0, 1024.0, "", ABOVE)
+    assert found.text == "[200, >1024]" and (found.resamples, found.contexts) == (10, 5)
+    assert budget_interval(IsoInterval(-300.0, -64.0, "", AT_LEAST, 10, 5)).text == "[≤64, 300]"
+
+
+@pytest.fixture
+def budget_runs(tmp_path) -> Path:
+    """snapkv at budgets 1024, 256, 64 scoring 50, 49.5, 40 against an uncompressed 50, and at cr 0.5; knorm 50 at
+    256 and 64; tova 40 at 1024."""
+    root = tmp_path / "runs"
+    write_run(root, right(100), method="no_press")
+    for budget, correct in ((1024, 100), (256, 99), (64, 80)):
+        write_run(root, right(correct), method="snapkv", budget=budget)
+    write_run(root, right(99), method="snapkv", cr=0.5)
+    write_run(root, right(100), method="knorm", budget=256)
+    write_run(root, right(100), method="knorm", budget=64)
+    write_run(root, right(80), method="tova", budget=1024)
+    return root
+
+
+def test_iso_quality_table_of_a_budget_sweep(budget_runs):
+    report = build_report(*collect_runs(budget_runs), resamples=200)
+    by_cr, by_budget = report.iso
+    assert (by_cr.name, by_budget.name) == ("iso_quality", "iso_quality_budget")
+    assert set(rows_of(by_cr.csv)) == {"snapkv"}  # the cr table reads the cr run alone
+    assert rows_of(by_cr.csv)["snapkv"]["compression_ratios"] == "0.5"
+    rows = rows_of(by_budget.csv)
+    snapkv = rows["snapkv"]
+    assert (snapkv["baseline_score"], snapkv["budgets"]) == ("50.0", "1024 256 64")
+    assert (snapkv["iso_budget_absolute"], snapkv["iso_mark_absolute"]) == ("245.8947", "interpolated")
+    # Relative, threshold 47.5: 256 + (64 - 256) x (49.5 - 47.5) / (49.5 - 40) = 256 - 384 / 9.5 = 215.5789...
+    assert (snapkv["iso_budget_relative"], snapkv["iso_mark_relative"]) == ("215.5789", "interpolated")
+    for name, estimate in (("absolute", 245.8947), ("relative", 215.5789)):
+        low, high = float(snapkv[f"iso_low_{name}"]), float(snapkv[f"iso_high_{name}"])
+        assert 64 <= low <= estimate <= high <= 1024 and low < high
+    # knorm answers as its baseline on every draw, tova 40 on every draw: the draws only bound the figure.
+    assert (rows["knorm"]["iso_budget_absolute"], rows["knorm"]["iso_mark_absolute"]) == ("64.0", "≤")
+    assert rows["knorm"]["iso_interval_absolute"] == "[≤64, ≤64]"
+    assert (rows["tova"]["iso_budget_relative"], rows["tova"]["iso_mark_relative"]) == ("1024.0", ">")
+    assert rows["tova"]["iso_interval_relative"] == "[>1024, >1024]"
+    lines = by_budget.markdown.splitlines()
+    assert lines[0] == "| benchmark | method | no compression | budget measured | ≥ baseline − 1 | ≥ 0.95 × baseline |"
+    assert any(line.startswith("| ruler | snapkv | 50.00 | 1024, 256, 64 | ≈245.895 [") for line in lines)
+    assert "| ruler | knorm | 50.00 | 256, 64 | ≤64 [≤64, ≤64] | ≤64 [≤64, ≤64] |" in lines
+    assert by_budget.title.startswith("Compression at iso-quality: the smallest token budget whose score stays")
+    assert "> the largest measured budget already fails" in by_budget.notes[0]
+
+
+def test_a_budget_interval_is_degenerate_when_every_context_is_alike(tmp_path):
+    """Every sample right in the baseline and at budget 1024, every one wrong at 256: every draw scores 100, 100 and
+    0, so the interval is the estimate, 1024 + (256 - 1024) x (100 - 99) / (100 - 0) = 1016.32 (absolute) and
+    1024 - 768 x 5 / 100 = 985.6 (relative, 0.95 x 100 = 95)."""
+    root = tmp_path / "runs"
+    write_run(root, right(SAMPLES), method="no_press")
+    write_run(root, right(SAMPLES), method="snapkv", budget=1024)
+    write_run(root, right(0), method="snapkv", budget=256)
+    (table,) = [t for t in build_report(*collect_runs(root), resamples=100).iso if t.name == "iso_quality_budget"]
+    snapkv = rows_of(table.csv)["snapkv"]
+    assert [snapkv[f"iso_{key}_absolute"] for key in ("budget", "low", "high")] == ["1016.32"] * 3
+    assert [snapkv[f"iso_{key}_relative"] for key in ("budget", "low", "high")] == ["985.6"] * 3
+    assert snapkv["iso_interval_absolute"] == "[1016.32, 1016.32]"
+
+
+def test_the_budget_iso_quality_figure_is_drawn(budget_runs, tmp_path, capsys):
+    out = tmp_path / "tables"
+    main([str(budget_runs), "--out", str(out), "--bootstrap", "50"])
+    capsys.readouterr()
+    assert (out / "plots" / "ruler_iso_budget.png").stat().st_size > 0
+    assert (out / "iso_quality_budget.md").exists() and (out / "iso_quality_budget.csv").exists()
+    assert "the smallest token budget whose score stays" in (out / "report.md").read_text()

@@ -11,6 +11,7 @@ from evaluate.report.capacity import DEFAULT_MEMORY_GB, capacity_table, check_me
 from evaluate.report.compare import compare_tables, load_references
 from evaluate.report.differences import Effect, diff_table, effect_table, load_effects
 from evaluate.report.frame import runs_frame, split_by_axis
+from evaluate.report.iso_quality import BUDGET as ISO_BUDGET
 from evaluate.report.iso_quality import iso_table
 from evaluate.report.runs import RunResult, compute_intervals
 from evaluate.report.tables import (
@@ -36,10 +37,11 @@ class Report:
     comparisons: list[Table]
     likelihood: list[Table]  # the likelihood table and its per-task table, where runs have the fields
     unmatched_references: int = 0
-    iso: list[Table] = field(default_factory=list)  # the iso-quality table, where there are compressed runs
-    iso_series: pd.DataFrame | None = None  # its series with their figures, for the plots
+    iso: list[Table] = field(default_factory=list)  # the iso-quality tables by cr and by budget, where runs have each
+    iso_series: pd.DataFrame | None = None  # the series by cr with their figures, for the plots
     capacity: list[Table] = field(default_factory=list)  # the serving-capacity table, where runs recorded KV bytes
     budgets: list[Table] = field(default_factory=list)  # the headline by token budget, where runs have one
+    iso_budget_series: pd.DataFrame | None = None  # the series by token budget with their figures, for the plots
 
     def tables(self) -> list[Table]:
         tables = [*self.headline, *self.budgets, *self.tasks, *self.differences, *self.iso, *self.capacity]
@@ -98,8 +100,9 @@ def build_report(
     budgets = [headline_table(by_budget, benchmark, BUDGET) for benchmark in sorted(by_budget.benchmark.unique())]
     comparisons, unmatched = compared
     iso, series = iso_table(runs, by_ratio, chosen, resamples, seed)
+    iso_budget, budget_series = iso_table(runs, by_budget, chosen, resamples, seed, ISO_BUDGET)
     likelihood = likelihood_tables(by_ratio)
-    capacity = capacity_table(runs, by_ratio, serving_memory_gb)
+    capacity = capacity_table(runs, frame, serving_memory_gb)  # a row per run, labelled by cr or budget
     return Report(
         runs,
         frame,
@@ -110,10 +113,11 @@ def build_report(
         comparisons,
         likelihood,
         unmatched,
-        [iso] if iso else [],
+        [table for table in (iso, iso_budget) if table],
         series,
         [capacity] if capacity else [],
         budgets,
+        budget_series,
     )
 
 

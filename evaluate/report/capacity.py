@@ -1,6 +1,7 @@
 """The serving-capacity table: how many rows (contexts) a device's memory holds at each point, from the KV bytes its
 cache physically held per context, against its uncompressed baseline (evaluate/score/baseline.py, the frame's
-``baseline`` column), beside the decoding speed the run measured.
+``baseline`` column), beside the decoding speed the run measured. Token-budget runs (``budget=N``) are rows of their
+own, labelled by their budget in a ``budget`` column (where the report has any) instead of a cr.
 
 rows that fit = floor((memory − weights) / KV bytes held per row), memory in GB (10⁹ bytes), 80 by default (an 80 GB
 GPU), weights = the bytes the model's parameters held as the run loaded them (run.json's ``model_weights_bytes``,
@@ -17,7 +18,16 @@ from evaluate.errors import ConfigError
 from evaluate.report.frame import run_level
 from evaluate.report.iso_quality import NO_BASELINE
 from evaluate.report.runs import NO_PRESS, RunResult
-from evaluate.report.tables import Table, fmt_cr, fmt_mib, fmt_number, row_method
+from evaluate.report.tables import (
+    Table,
+    budget_column,
+    budget_type,
+    fmt_budget,
+    fmt_cr,
+    fmt_mib,
+    fmt_number,
+    row_method,
+)
 
 NAME = "capacity"
 DEFAULT_MEMORY_GB = 80.0
@@ -51,8 +61,8 @@ def capacity_table(
         return None
     memory = check_memory(memory_gb) * GB
     level = level.sort_values(
-        ["benchmark", "model", "query_aware", "reference", "method", "variant", "cr"],
-        ascending=[True, True, True, False, True, True, True],
+        ["benchmark", "model", "query_aware", "reference", "method", "variant", "cr", "budget"],
+        ascending=[True, True, True, False, True, True, True, False],  # budgets from the largest: the least kept last
         kind="stable",
     ).reset_index(drop=True)
     held = dict(zip(level.run, level.kv_bytes_held_per_context, strict=True))
@@ -75,7 +85,10 @@ def capacity_table(
         )
     found = pd.DataFrame(records, index=level.index)
     models = {"model": level.model} if level.model.nunique() > 1 else {}
-    shown = pd.DataFrame({"benchmark": level.benchmark, **models, "method": level.label, "cr": level.cr.map(fmt_cr)})
+    shown = pd.DataFrame({"benchmark": level.benchmark, **models, "method": level.label, "cr": _crs(level)})
+    budgets = level[budget_column(level)].astype(budget_type(level))  # no column where no run has a budget
+    for column in budgets:
+        shown[column] = budgets[column].astype(object).fillna("-")
     shown["weights GB"] = found.weights.map(lambda w: "unknown" if pd.isna(w) else f"{w / GB:.2f}")
     shown["KV MiB held per row"] = level.kv_bytes_held_per_context.map(fmt_mib)
     shown["rows that fit"] = found.rows.map(_count)
@@ -87,6 +100,8 @@ def capacity_table(
     ]
     data = level[["benchmark", "model"]].assign(method=row_method(level), query_aware=level.query_aware)
     data["compression_ratio"] = level.cr
+    for column in budgets:
+        data[column] = budgets[column]
     data["memory_gb"] = float(memory_gb)
     data["weights_gb"] = found.weights.astype(float) / GB
     data["kv_bytes_held_per_context"] = level.kv_bytes_held_per_context.astype(float)
@@ -98,6 +113,18 @@ def capacity_table(
     data["device"] = found.device.fillna("")
     title = f"Serving capacity: rows whose KV cache fits in {memory_gb:g} GB less the model's weights"
     return Table(NAME, title, data, [("", shown)], _notes(level, found, memory_gb))
+
+
+def _crs(level: pd.DataFrame) -> pd.Series:
+    """Each run's cr as the tables show it; "-" for a token-budget run, which has none (its budget is beside it)."""
+    return level.cr.map(lambda cr: "-" if pd.isna(cr) else fmt_cr(cr))
+
+
+def _kept(level: pd.DataFrame) -> pd.Series:
+    """What each run keeps, as a note names it: cr=0.75, or budget=256."""
+    pairs = zip(level.cr, level.budget, strict=True)
+    kept = [fmt_cr(cr) if pd.isna(budget) else fmt_budget(budget) for cr, budget in pairs]
+    return pd.Series(kept, index=level.index)
 
 
 def _count(value) -> str:
@@ -124,7 +151,7 @@ def _notes(level: pd.DataFrame, found: pd.DataFrame, memory_gb: float) -> list[s
     ]
     missing = level[~level.reference & level.baseline.isna()]
     if not missing.empty:
-        listed = ", ".join(dict.fromkeys(missing.benchmark + " " + missing.label + " " + missing.cr.map(fmt_cr)))
+        listed = ", ".join(dict.fromkeys(missing.benchmark + " " + missing.label + " " + _kept(missing)))
         notes.append(
             f"{NO_BASELINE[0].upper()}{NO_BASELINE[1:]} for {listed}: no `{NO_PRESS}` run here has the same data, "
             "samples and settings but the press; run `press=none` with their settings for one."

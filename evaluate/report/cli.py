@@ -100,7 +100,7 @@ def report(args: argparse.Namespace, unwritten: list[str]) -> None:
         from evaluate.report.plots import plot_all  # matplotlib only when drawing
 
         unwritten[0] = f"the tables are written, the plots in {folder} not all"
-        plots = plot_all(built.frame, folder, built.iso_series)
+        plots = plot_all(built.frame, folder, built.iso_series, built.iso_budget_series)
     print(built.page(args.runs_dir, args.bootstrap))
     for path, reason in skipped:
         print(f"skipped {path}: {reason}", file=sys.stderr)

@@ -4,7 +4,8 @@ score of each method with its bootstrap 95% band and its baseline's score as a d
 with hollow markers. ``{benchmark}_kl.png``: the mean answer KL from the uncompressed model against cr, for runs
 with the likelihood fields; ``{benchmark}_cost.png``: score against the KV bytes held, each point labelled with its
 ratio; ``{benchmark}_iso.png``: each method's compression at iso-quality against its baseline;
-``{benchmark}_budget.png``: the headline score against token budget, for ``budget=N`` runs. For
+``{benchmark}_budget.png``: the headline score against token budget, for ``budget=N`` runs, and
+``{benchmark}_iso_budget.png`` their smallest budget at iso-quality against their baseline. For
 needle-in-a-haystack runs also ``{benchmark}_heatmap.png``: the needle score by depth and context length, a panel
 per method and compression ratio."""
 
@@ -388,6 +389,11 @@ def _ratio_labels(ax, runs: pd.DataFrame) -> None:
 
 # How the iso-quality figure marks each threshold's cr (evaluate/score/iso_quality.py).
 _ISO_MARKERS = {"absolute": "v", "relative": "^"}
+_ISO_NOTES = {
+    "cr": "▼ / ▲: the largest cr within the absolute / relative threshold (hollow: ≥ the largest or < the smallest cr)",
+    "budget": "▼ / ▲: the smallest budget within the absolute / relative threshold (hollow: ≤ the smallest or > the "
+    "largest budget)",
+}
 
 
 def _iso_measured(series: pd.DataFrame | None, benchmark: str) -> pd.DataFrame:
@@ -398,11 +404,14 @@ def _iso_measured(series: pd.DataFrame | None, benchmark: str) -> pd.DataFrame:
     return chosen[chosen.absolute.map(lambda value: value is not None and not isinstance(value, float))]
 
 
-def plot_iso(benchmark: str, series: pd.DataFrame, thresholds: dict[str, float], path: Path) -> Path:
-    """Score against cr for each series of the iso-quality table (those with a baseline), a panel per model and
-    query-awareness: the baseline dashed with the band down to the lower of the two thresholds shaded and each
-    threshold dotted, and each series' iso-quality cr marked on its threshold (▼ absolute, ▲ relative; hollow where it
-    is a bound, ≥ or <, rather than a crossing) with its interval as a whisker."""
+def plot_iso(
+    benchmark: str, series: pd.DataFrame, thresholds: dict[str, float], path: Path, axis: XAxis = CR_AXIS
+) -> Path:
+    """Score against cr (or token budget, ``axis``) for each series of the iso-quality table (those with a
+    baseline), a panel per model and query-awareness: the baseline dashed with the band down to the lower of the two
+    thresholds shaded and each threshold dotted, and each series' iso-quality cr (or budget) marked on its threshold
+    (▼ absolute, ▲ relative; hollow where it is a bound, ≥ or < for a cr, ≤ or > for a budget, rather than a
+    crossing) with its interval as a whisker."""
     labels = sorted(series.label.unique())
     palette = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20")
     colors = {label: palette(i % palette.N) for i, label in enumerate(labels)}
@@ -441,31 +450,39 @@ def plot_iso(benchmark: str, series: pd.DataFrame, thresholds: dict[str, float],
                     if interval is not None and not isinstance(interval, float):  # its bootstrap interval, a whisker
                         xerr = [[found.cr - interval.low], [interval.high - found.cr]]
                         ax.errorbar([found.cr], [level], xerr=xerr, fmt="none", capsize=4, color=color)
-        _style(ax, ratios, values, fontsize=11)
-        ax.set_xlabel("compression ratio (fraction of KV pairs removed)", fontsize=12)
+        _style(ax, ratios, values, fontsize=11, log=axis.log)
+        ax.set_xlabel(axis.label, fontsize=12)
         ax.set_ylabel("score", fontsize=12)
         ax.set_title(f"{benchmark} — {model}{QUERY_AWARE[query_aware]}: iso-quality", fontsize=13)
     handles, labels = axes[0][-1].get_legend_handles_labels()
     unique = dict(zip(labels, handles, strict=True))
     fig.legend(unique.values(), unique.keys(), loc="upper left", bbox_to_anchor=(1 - 2.4 / fig.get_figwidth(), 0.9))
-    notes = (
-        "▼ / ▲: the largest cr within the absolute / relative threshold (hollow: ≥ the largest or < the smallest cr)"
-    )
+    notes = _ISO_NOTES[axis.column]
     fig.text(0.01, 0.01, notes, fontsize=9, color="0.35")
     fig.tight_layout(rect=(0, 0.03, 1 - 2.5 / fig.get_figwidth(), 1))
     return _save(fig, path, dpi=130)
 
 
-def plot_all(frame: pd.DataFrame, out: Path, iso_series: pd.DataFrame | None = None) -> list[Path]:
+def plot_all(
+    frame: pd.DataFrame,
+    out: Path,
+    iso_series: pd.DataFrame | None = None,
+    iso_budget_series: pd.DataFrame | None = None,
+) -> list[Path]:
     """For every benchmark of the runs frame: both score figures where its runs have scores (``generate=false``
     runs have none), the answer KL against cr where they have the likelihood fields, the score against KV bytes
     where runs recorded them, the iso-quality figure where ``iso_series`` (the iso-quality table's series) has a
-    series with a baseline; the score against token budget where runs have one (``budget=N``); and the heatmap of
-    needle runs. Returns the files written."""
+    series with a baseline; the score against token budget where runs have one (``budget=N``), with its
+    iso-quality figure where ``iso_budget_series`` (the iso_quality_budget table's series) has a series with a
+    baseline; and the heatmap of needle runs. Returns the files written."""
     written = []
     frame, by_budget = split_by_axis(frame)
     for name in sorted(by_budget.benchmark[by_budget.score.notna() & by_budget.budget.notna()].unique()):
         written.append(plot_budget(name, by_budget, out / f"{name}_budget.png"))
+        measured = _iso_measured(iso_budget_series, name)
+        if not measured.empty:
+            thresholds, path = iso_budget_series.attrs["thresholds"], out / f"{name}_iso_budget.png"
+            written.append(plot_iso(name, measured, thresholds, path, BUDGET_AXIS))
     for name, runs in frame.groupby("benchmark"):
         scored = runs.score.notna().any()
         plots = [(plot_benchmark, ""), (plot_task_grid, "_tasks")] if scored else []

@@ -24,10 +24,17 @@ baseline on that draw, and computes that draw's iso-quality cr by the definition
 ``cr_m``, a ``<`` draw as ``cr_1``). The interval is the 2.5th and 97.5th percentiles over draws; a bound at
 ``cr_m`` that ``≥`` draws reach reads "≥ cr_m", one at ``cr_1`` that ``<`` draws reach "< cr_1" (the draws only
 bound the iso-quality cr there).
+
+Budgets. A series of token-budget runs (``budget=N``) at budgets ``N_1 > N_2 > ... > N_m`` compresses more as the
+budget falls, so its iso-quality figure is the *smallest* budget whose score stays within the threshold, scanning
+down from the largest. It is the definition above on the axis ``x = −N`` (ascending x, descending budget: from the
+least to the most compression), mapped back (:func:`iso_budget`, :func:`budget_interval`): the interpolation is
+linear in the budget, ``≥ cr_m`` becomes **≤** the smallest budget (every point passes), ``< cr_1`` becomes **>**
+the largest (the largest budget already fails), and an interval's bounds swap.
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -37,6 +44,8 @@ from evaluate.score.bootstrap import _percentiles, paired_resamples
 DEFAULT_DELTA = 1.0  # points below the uncompressed score
 DEFAULT_RELATIVE = 0.95  # share of the uncompressed score
 MEASURED, INTERPOLATED, AT_LEAST, BELOW = "measured", "interpolated", "≥", "<"
+AT_MOST, ABOVE = "≤", ">"  # a budget series' bounds: ≥ and < on the axis −budget
+_ON_BUDGETS = {AT_LEAST: AT_MOST, BELOW: ABOVE}  # a mark on the axis −budget, as it reads in budgets
 _DIGITS = 4  # an interpolated ratio's decimals
 
 
@@ -80,7 +89,7 @@ class IsoCr:
     @property
     def text(self) -> str:
         shown = f"{self.cr:.{_DIGITS - 1}f}".rstrip("0").rstrip(".") if self.mark == INTERPOLATED else f"{self.cr:g}"
-        return {INTERPOLATED: "≈", AT_LEAST: "≥", BELOW: "<"}.get(self.mark, "") + shown
+        return {INTERPOLATED: "≈", AT_LEAST: "≥", BELOW: "<", AT_MOST: "≤", ABOVE: ">"}.get(self.mark, "") + shown
 
 
 def iso_cr(ratios: Sequence[float], scores: Sequence[float], threshold: float) -> IsoCr:
@@ -180,3 +189,33 @@ def iso_intervals(
             )
         )
     return found
+
+
+def budget_axis(budgets: Sequence[float]) -> list[float]:
+    """The axis a budget series is measured on: ``x = −budget``, ascending where ``budgets`` descend (from the least
+    to the most compression, as ratios ascend)."""
+    return [-float(budget) for budget in budgets]
+
+
+def on_budgets(found: IsoCr) -> IsoCr:
+    """An iso-quality figure measured on :func:`budget_axis`, as a budget: ≥ reads ≤, < reads >."""
+    return IsoCr(-found.cr + 0.0, _ON_BUDGETS.get(found.mark, found.mark))  # + 0.0: never −0
+
+
+def budget_interval(interval: IsoInterval) -> IsoInterval:
+    """An interval measured on :func:`budget_axis`, in budgets: the bounds swap, with their marks."""
+    return replace(
+        interval,
+        low=-interval.high + 0.0,
+        high=-interval.low + 0.0,
+        low_mark=_ON_BUDGETS.get(interval.high_mark, interval.high_mark),
+        high_mark=_ON_BUDGETS.get(interval.low_mark, interval.low_mark),
+    )
+
+
+def iso_budget(budgets: Sequence[float], scores: Sequence[float], threshold: float) -> IsoCr:
+    """The smallest budget (``budgets`` descending, their ``scores``) whose score stays within ``threshold``: the
+    module's definition on :func:`budget_axis`."""
+    if list(budgets) != sorted(budgets, reverse=True):
+        raise ValueError("iso_budget needs the budgets descending (from the least to the most compression)")
+    return on_budgets(iso_cr(budget_axis(budgets), scores, threshold))
