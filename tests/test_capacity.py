@@ -135,6 +135,43 @@ def test_capacity_table_holds_hand_computed_counts(runs_dir):
     assert table.page() in report.page(runs_dir, 0)
 
 
+def test_budget_runs_are_rows_labelled_by_their_budget(runs_dir):
+    """snapkv at budget=256 holding 23 MiB a row and at budget=1024 holding 92 MiB, beside the cr runs, against the
+    same uncompressed 184 MiB: 80 GB less 269,030,016 bytes of weights is 79,730,969,984 bytes, so
+    79,730,969,984 / (23 x 2^20 = 24,117,248) = 3305.97 → 3305 rows, / (92 x 2^20) = 826.49 → 826, uncompressed
+    / (184 x 2^20) = 413.25 → 413; × rows 3305 / 413 = 8.0024 and 826 / 413 = 2.0. knorm at budget=64 has another
+    seed: no baseline."""
+    outcomes = uniform([True, False], tasks=["niah_single_1"])
+    for budget, held in ((256, 23), (1024, 92)):
+        run = write_run(runs_dir, outcomes, method="snapkv", budget=budget, model=SMOLLM2)
+        with_costs(run, held, 300.0, weights=SMOLLM2_WEIGHTS)
+    knorm = write_run(runs_dir, outcomes, method="knorm", budget=64, model=SMOLLM2, seed=7)
+    with_costs(knorm, 10, 300.0, weights=SMOLLM2_WEIGHTS)
+    memory = 80 * 10**9 - SMOLLM2_WEIGHTS
+    assert (memory // (23 * MIB), memory // (92 * MIB), memory // (184 * MIB)) == (3305, 826, 413)
+    _, table = capacity_of(runs_dir)
+    data = table.data.astype(object).where(table.data.notna(), None)
+    rows = {(row["method"], row["budget"]): row for row in data.to_dict("records")}
+    snapkv = rows["snapkv", 256]
+    assert (snapkv["rows_that_fit"], snapkv["uncompressed_rows_that_fit"]) == (3305, 413)
+    assert snapkv["rows_ratio"] == 3305 / 413 and snapkv["compression_ratio"] is None
+    assert (rows["snapkv", 1024]["rows_that_fit"], rows["snapkv", 1024]["rows_ratio"]) == (826, 2.0)
+    assert rows["snapkv", None]["compression_ratio"] == 0.75  # the cr run: no budget
+    assert rows["knorm", 64]["uncompressed_rows_that_fit"] is None
+    header = table.csv.splitlines()[0].split(",")
+    assert header[header.index("compression_ratio") + 1] == "budget"
+    written = {(row["method"], row["budget"]): row for row in csv.DictReader(io.StringIO(table.csv))}
+    assert (written["snapkv", "256"]["compression_ratio"], written["snapkv", "256"]["rows_that_fit"]) == ("", "3305")
+    assert written["snapkv", ""]["compression_ratio"] == "0.75"
+    page = table.page()
+    # The budgets from the largest down, after the cr runs of the same method.
+    assert "| ruler | snapkv | cr=0.75 | - | 0.27 | 46.00 | 1652 | 413 | 4.00× |" in page
+    assert "| ruler | snapkv | - | 1024 | 0.27 | 92.00 | 826 | 413 | 2.00× |" in page
+    assert "| ruler | snapkv | - | 256 | 0.27 | 23.00 | 3305 | 413 | 8.00× |" in page
+    assert page.index("| ruler | snapkv | - | 1024 |") < page.index("| ruler | snapkv | - | 256 |")
+    assert "No uncompressed run to compare with for ruler knorm cr=0.50, ruler knorm budget=64:" in page
+
+
 def test_the_memory_is_an_option(runs_dir):
     _, table = capacity_of(runs_dir, serving_memory_gb=8)
     rows = rows_of(table.csv)
