@@ -164,8 +164,12 @@ def test_a_sweep_over_budgets_gets_its_own_table_and_plot(tmp_path):
     lines = next(t for t in report.tables() if t.name == "runs").csv.splitlines()
     assert lines[0].split(",")[6:8] == ["compression_ratio", "budget"]
     assert sorted(line.split(",")[7] for line in lines[1:]) == ["", "", "400", "8"]
-    plots = plot_all(report.frame, tmp_path / "plots", report.iso_series)
-    assert tmp_path / "plots" / "ruler_budget.png" in plots
+    # Iso-quality in budgets: the knorm series from its largest budget down, against the press=none baseline.
+    (iso,) = [t for t in report.iso if t.name == "iso_quality_budget"]
+    assert iso.data.budgets.tolist() == ["400 8"] and iso.data.baseline_score.notna().all()
+    assert iso.data.iso_mark_absolute.isin(["interpolated", "measured", "≤", ">"]).all()
+    plots = plot_all(report.frame, tmp_path / "plots", report.iso_series, report.iso_budget_series)
+    assert {tmp_path / "plots" / "ruler_budget.png", tmp_path / "plots" / "ruler_iso_budget.png"} <= set(plots)
 
 
 def refusal(tmp_path: Path, *overrides: str) -> str:

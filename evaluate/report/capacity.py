@@ -65,25 +65,7 @@ def capacity_table(
         ascending=[True, True, True, False, True, True, True, False],  # budgets from the largest: the least kept last
         kind="stable",
     ).reset_index(drop=True)
-    held = dict(zip(level.run, level.kv_bytes_held_per_context, strict=True))
-    records = []
-    for point in level.itertuples():
-        run = runs[point.run]
-        weights = run.run.get("model_weights_bytes")
-        rows = rows_that_fit(memory, weights, point.kv_bytes_held_per_context)
-        baseline = point.run if point.reference else (None if pd.isna(point.baseline) else int(point.baseline))
-        uncompressed = None if baseline is None else rows_that_fit(memory, weights, held[baseline])
-        records.append(
-            {
-                "weights": weights,
-                "rows": rows,
-                "baseline_rows": uncompressed,
-                "ratio": rows / uncompressed if rows is not None and uncompressed else None,
-                "batch": run.config.get("decode_batch_size"),
-                "device": run.run.get("device"),
-            }
-        )
-    found = pd.DataFrame(records, index=level.index)
+    found = _counts(runs, level, memory)
     models = {"model": level.model} if level.model.nunique() > 1 else {}
     shown = pd.DataFrame({"benchmark": level.benchmark, **models, "method": level.label, "cr": _crs(level)})
     budgets = level[budget_column(level)].astype(budget_type(level))  # no column where no run has a budget
@@ -113,6 +95,29 @@ def capacity_table(
     data["device"] = found.device.fillna("")
     title = f"Serving capacity: rows whose KV cache fits in {memory_gb:g} GB less the model's weights"
     return Table(NAME, title, data, [("", shown)], _notes(level, found, memory_gb))
+
+
+def _counts(runs: Sequence[RunResult], level: pd.DataFrame, memory: float) -> pd.DataFrame:
+    """Each run's weights, rows that fit, its baseline's rows that fit, their ratio, decode batch and device."""
+    held = dict(zip(level.run, level.kv_bytes_held_per_context, strict=True))
+    records = []
+    for point in level.itertuples():
+        run = runs[point.run]
+        weights = run.run.get("model_weights_bytes")
+        rows = rows_that_fit(memory, weights, point.kv_bytes_held_per_context)
+        baseline = point.run if point.reference else (None if pd.isna(point.baseline) else int(point.baseline))
+        uncompressed = None if baseline is None else rows_that_fit(memory, weights, held[baseline])
+        records.append(
+            {
+                "weights": weights,
+                "rows": rows,
+                "baseline_rows": uncompressed,
+                "ratio": rows / uncompressed if rows is not None and uncompressed else None,
+                "batch": run.config.get("decode_batch_size"),
+                "device": run.run.get("device"),
+            }
+        )
+    return pd.DataFrame(records, index=level.index)
 
 
 def _crs(level: pd.DataFrame) -> pd.Series:
