@@ -22,9 +22,10 @@ def pool_attention(module, query, key, value, attention_mask, scaling=None, drop
     rows) over its own keys and mask; ``key`` and ``value`` (the whole buffer) are not read. Rows whose decoding press
     masks keys (AdaKV) get kvpress's fake keys first."""
     pool.write_fake_keys(module.layer_idx, query)
-    outputs = [
-        _attend(query[rows], keys, values, mask, scaling) for rows, keys, values, mask in pool.parts[module.layer_idx]
-    ]
+    # Taken from the slot cache, so that a question pass's copies of each layer's keys are freed after the layer's
+    # attention instead of the whole pass (measured: 32 joiners over 2,144 keys held 3.2 GB at the pass's end).
+    parts, pool.parts[module.layer_idx] = pool.parts[module.layer_idx], None
+    outputs = [_attend(query[rows], keys, values, mask, scaling) for rows, keys, values, mask in parts]
     output = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
     return output.transpose(1, 2).contiguous(), None
 

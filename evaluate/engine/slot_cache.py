@@ -110,14 +110,19 @@ class SlotCache:
     (rows, keys, values, mask) groups that :func:`pool_attention` attends, one per segment of a decoding step.
     """
 
-    def __init__(self, model, slots: int, capacity: int):
+    def __init__(self, model, slots: int, capacity: int, buffers: bool = True):
         layers, heads, head_dim = _kv_shape(model)
         self.devices = layer_devices(model)
         self.input_device = input_device(model)
         self.slots, self.capacity = slots, capacity
-        self.keys = [torch.zeros(slots, heads, capacity, head_dim, dtype=model.dtype, device=d) for d in self.devices]
-        self.values = [torch.zeros(slots, heads, capacity, head_dim, dtype=model.dtype, device=d) for d in self.devices]
-        self.visible = [torch.zeros(slots, heads, capacity, dtype=torch.bool, device=d) for d in self.devices]
+        self.shape, self.dtype = (slots, heads, capacity, head_dim), model.dtype
+        # Each layer's keys, values and visible positions; ``buffers=False`` leaves them to :meth:`_layer_buffers`,
+        # one layer at a time (:meth:`allocate`).
+        self.keys: list[torch.Tensor | None] = [None] * layers
+        self.values: list[torch.Tensor | None] = [None] * layers
+        self.visible: list[torch.Tensor | None] = [None] * layers
+        for layer_idx in range(layers if buffers else 0):
+            self._layer_buffers(layer_idx)
         # Each layer's length per slot, on the layer's device.
         self.lengths = [torch.zeros(slots, dtype=torch.long, device=d) for d in self.devices]
         # The decoding step's inputs: each slot's next token and position, and 1 where a row decodes. ``live`` is
@@ -144,13 +149,23 @@ class SlotCache:
         layers, heads, head_dim = _kv_shape(model)
         return 2 * layers * heads * head_dim * model.dtype.itemsize * capacity
 
+    def _layer_buffers(self, layer_idx: int) -> None:
+        device = self.devices[layer_idx]
+        self.keys[layer_idx] = torch.zeros(self.shape, dtype=self.dtype, device=device)
+        self.values[layer_idx] = torch.zeros(self.shape, dtype=self.dtype, device=device)
+        self.visible[layer_idx] = torch.zeros(self.shape[:3], dtype=torch.bool, device=device)
+
     @classmethod
     def allocate(cls, model, slots: int, capacity: int, source: "SlotCache | None", keep: list[int]) -> "SlotCache":
         """A buffer of ``slots`` rows of ``capacity`` positions whose first slots take ``source``'s rows ``keep``
-        (to grow or compact the pool; an idle pool, teacher forcing's between groups, keeps none), the rest free."""
-        cache = cls(model, slots, capacity)
+        (to grow or compact the pool; an idle pool, teacher forcing's between groups, keeps none), the rest free.
+
+        ``source`` is spent: its buffers are let go of layer by layer as their rows are copied, so that growing the
+        pool never holds two whole buffers at once (measured: the prefill-bound sweep's peak was the old and the
+        new buffer side by side)."""
+        cache = cls(model, slots, capacity, buffers=not keep)
         if keep:
-            cache._take(source, list(range(len(keep))), keep, min(capacity, source.capacity))
+            cache._take(source, list(range(len(keep))), keep, min(capacity, source.capacity), spend=True)
         for slot in range(len(keep), slots):
             cache.free(slot)
         return cache
@@ -196,19 +211,25 @@ class SlotCache:
             sources = [order[slot] for slot in moved]
             self._take(self, moved, sources, int(self.host_lengths[:, sources].max()) + 1)
 
-    def _take(self, other: "SlotCache", mine: list[int], theirs: list[int], width: int) -> None:
-        """Slots ``mine`` take ``other``'s slots ``theirs``: keys and values up to ``width``, all else whole."""
+    def _take(self, other: "SlotCache", mine: list[int], theirs: list[int], width: int, spend: bool = False) -> None:
+        """Slots ``mine`` take ``other``'s slots ``theirs``: keys and values up to ``width``, all else whole. With
+        ``spend``, each of this cache's layers is allocated just before its rows are copied, and ``other``'s let go
+        of just after."""
         # The slot indices on each device (an empty list is long too).
         targets = {device: torch.tensor(mine, dtype=torch.long, device=device) for device in self.live_on}
         sources = {device: torch.tensor(theirs, dtype=torch.long, device=device) for device in self.live_on}
         for layer_idx, device in enumerate(self.devices):
             target, source = targets[device], sources[device]
+            if spend:
+                self._layer_buffers(layer_idx)
             self.keys[layer_idx][target, :, :width] = other.keys[layer_idx][source, :, :width]
             self.values[layer_idx][target, :, :width] = other.values[layer_idx][source, :, :width]
             taken = other.visible[layer_idx][source, :, :width]  # read before writing: other may be self
             self.visible[layer_idx][target] = False
             self.visible[layer_idx][target, :, :width] = taken
             self.lengths[layer_idx][target] = other.lengths[layer_idx][source]
+            if spend:
+                other.keys[layer_idx] = other.values[layer_idx] = other.visible[layer_idx] = None
         for device, live in self.live_on.items():
             live[targets[device]] = other.live_on[device][sources[device]]
         target, source = targets[self.input_device], sources[self.input_device]
