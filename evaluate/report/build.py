@@ -7,6 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from evaluate import rundir
+from evaluate.report.answer_length import answer_length_table
 from evaluate.report.capacity import DEFAULT_MEMORY_GB, capacity_table, check_memory
 from evaluate.report.compare import compare_tables, load_references
 from evaluate.report.differences import Effect, diff_table, effect_table, load_effects
@@ -31,10 +32,11 @@ class Report:
     iso: list[Table] = field(default_factory=list)  # the iso-quality table, where there are compressed runs
     iso_series: pd.DataFrame | None = None  # its series with their figures, for the plots
     capacity: list[Table] = field(default_factory=list)  # the serving-capacity table, where runs recorded KV bytes
+    answer_length: list[Table] = field(default_factory=list)  # per benchmark, where runs recorded answer token ids
 
     def tables(self) -> list[Table]:
         tables = [*self.headline, *self.tasks, *self.differences, *self.iso, *self.capacity, *self.comparisons]
-        tables += self.likelihood
+        tables += [*self.likelihood, *self.answer_length]
         return [*tables, cost_table(self.frame), runs_table(self.frame)]
 
     def page(self, runs_dir: Path, resamples: int) -> str:
@@ -47,6 +49,7 @@ class Report:
         paragraphs += [table.page() for table in [*self.differences, *self.iso, *self.capacity, *self.comparisons]]
         for table in self.likelihood[:1]:
             paragraphs += [table.page(), "Per task: [likelihood_tasks.md](likelihood_tasks.md)"]
+        paragraphs += [table.page() for table in self.answer_length]
         if self.unmatched_references:
             paragraphs.append(f"{self.unmatched_references} published figures have no matching run.")
         if self.skipped:
@@ -85,6 +88,7 @@ def build_report(
     iso, series = iso_table(runs, frame, chosen, resamples, seed)
     likelihood = likelihood_tables(frame)
     capacity = capacity_table(runs, frame, serving_memory_gb)
+    lengths = [table for benchmark in benchmarks if (table := answer_length_table(frame, benchmark))]
     return Report(
         runs,
         frame,
@@ -98,6 +102,7 @@ def build_report(
         [iso] if iso else [],
         series,
         [capacity] if capacity else [],
+        lengths,
     )
 
 

@@ -19,6 +19,7 @@ from hydra.utils import instantiate
 
 from evaluate import rundir
 from evaluate.errors import ConfigError, refuse
+from evaluate.score.answer_length import own_metrics
 from evaluate.score.likelihood import likelihood_metrics
 from evaluate.score.tables import format_task_table
 
@@ -61,8 +62,8 @@ def check_references(benchmark, rows: list[dict], where: str) -> None:
 
 def score_rows(benchmark, rows: list[dict], where: str = "predictions") -> dict:
     """The benchmark's metrics (none under ``generate=false``, whose rows hold no prediction), plus how many samples
-    failed (they are scored as the wrong answers they are) and the likelihood fields' means. ``where`` names the
-    rows' file in a refusal (:func:`check_references`)."""
+    failed (they are scored as the wrong answers they are), the likelihood fields' means and the answers' length in
+    tokens (evaluate/score/answer_length.py). ``where`` names the rows' file in a refusal (:func:`check_references`)."""
     check_references(benchmark, rows, where)
     generated = all(row.get("prediction") is not None for row in rows)
     metrics = benchmark.score(rows) if generated else not_generated(benchmark, rows)
@@ -74,6 +75,9 @@ def score_rows(benchmark, rows: list[dict], where: str = "predictions") -> dict:
     likelihood = likelihood_metrics(rows)
     if likelihood is not None:
         metrics["likelihood"] = likelihood
+    answer_length = own_metrics(rows)
+    if answer_length is not None:
+        metrics["answer_length"] = answer_length
     return metrics
 
 
