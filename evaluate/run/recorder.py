@@ -32,7 +32,7 @@ from evaluate.points.shard import Shard
 from evaluate.run.planning import sample_identity
 from evaluate.run.tracking import Tracker
 from evaluate.score.answer_length import row_columns
-from evaluate.score.rescore import score_rows
+from evaluate.score.rescore import score_run
 from evaluate.score.tables import format_task_table
 
 logger = logging.getLogger(__name__)
@@ -404,7 +404,7 @@ class Recorder:
             rundir.rewrite_predictions(predictions, in_order)
             rows = in_order
         try:
-            metrics = score_rows(plan.benchmark, rows, where=str(predictions))
+            metrics = score_run(plan.benchmark, rows, plan.out)
         except Exception as error:
             # A run never stays "complete" without its metrics: run.json says that scoring failed and why.
             failure = f"scoring failed: {type(error).__name__}: {' '.join(str(error).split())}"

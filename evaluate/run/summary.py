@@ -3,7 +3,6 @@
 import shlex
 import sys
 from collections.abc import Sequence
-from functools import cache, partial
 from pathlib import Path
 
 import pandas as pd
@@ -15,7 +14,7 @@ from evaluate.keys import NON_RESULT_KEYS
 from evaluate.points.config import effective_cr, method_name, run_dir
 from evaluate.points.shard import resolve_shard
 from evaluate.report.runs import flatten
-from evaluate.score.baseline import is_baseline
+from evaluate.score.baseline import find_baseline
 
 # Overrides that choose the press; the uncompressed run of the same samples drops them.
 PRESS_OVERRIDES = ("press=", "press.", "scorer=", "scorer.", "cr=", "+press.", "+scorer.", "method=")
@@ -27,23 +26,15 @@ def _last_of_each_key(overrides: Sequence[str]) -> list[str]:
     return list(last.values())
 
 
-def _readable_rows(path: Path) -> list[dict]:
-    try:
-        return rundir.read_predictions(path)
-    except rundir.DamagedPredictions:  # not a baseline to compare with until it is repaired
-        return []
-
-
 def uncompressed_score(cfg: DictConfig, sample_ids: set[str]) -> tuple[float, Path] | None:
     """The headline this run's uncompressed baseline (evaluate/score/baseline.py) under ``output_dir`` gives on
     exactly these samples, and its directory; None when no run there is its baseline."""
     config = (rundir.read_yaml(run_dir(cfg) / rundir.CONFIG) or {}).get("config", {})
-    for config_path in sorted(Path(cfg.output_dir).glob("*/" + rundir.CONFIG)):
-        rows = cache(partial(_readable_rows, config_path.parent / rundir.PREDICTIONS))
-        if is_baseline(rundir.read_yaml(config_path) or {}, rows, config, sample_ids):
-            same = [row for row in rows() if row["id"] in sample_ids]
-            return instantiate(cfg.benchmark).score(same)["score"], config_path.parent
-    return None
+    found = find_baseline(Path(cfg.output_dir), config, sample_ids)
+    if found is None:
+        return None
+    same = [row for row in found[1] if row["id"] in sample_ids]
+    return instantiate(cfg.benchmark).score(same)["score"], found[0]
 
 
 def likelihood_summary(likelihood: dict) -> str:

@@ -5,12 +5,17 @@ Each generated prediction row records its answer's exact token ids (``answer_tok
 and why it ended (``answer_stop``: ``eos``, or ``max_new_tokens`` where it reached the row's cap), as the engine
 decoded them; nothing here re-tokenizes text. A run's own fields need its rows alone (metrics.json's
 ``answer_length``); the drift fields pair each row with the same sample's row of its baseline
-(evaluate/score/baseline.py), by task and id. Rows recorded before the columns existed, and failed rows, have no
-tokens: a run without any has no fields (None), never a made-up length.
+(evaluate/score/baseline.py), by task and id: metrics.json's ``answer_length.against_uncompressed`` against the
+baseline found beside the run when it was scored (``python -m evaluate.score`` pairs it again), the report's
+against the baseline in the tree it reads. Rows recorded before the columns existed, and failed rows, have no tokens:
+a run without any has no fields (None), never a made-up length.
 """
 
 import statistics
 from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from evaluate.score.baseline import NO_PRESS, answered_ids, find_baseline
 
 TOKENS = "answer_token_ids"
 STOP = "answer_stop"
@@ -100,3 +105,15 @@ def drift_metrics(rows: Iterable[dict], baseline_rows: Iterable[dict]) -> dict |
         "common_prefix_median": float(statistics.median(prefixes)),
         "n": len(pairs),
     }
+
+
+def against_baseline(out: Path, record: dict, rows: list[dict]) -> dict | None:
+    """metrics.json's ``answer_length.against_uncompressed``: :func:`drift_metrics` against the baseline among the
+    run directories beside ``out`` (the run's, recorded as ``record``, its config.yaml), with the baseline's
+    directory name (``run``); None for an uncompressed run, a run without token ids, or one without a baseline there.
+    """
+    if record.get("method") == NO_PRESS or own_metrics(rows) is None:
+        return None
+    found = find_baseline(out.parent, record.get("config", {}), answered_ids(rows))
+    drift = drift_metrics(rows, found[1]) if found is not None else None
+    return None if drift is None else {**drift, "run": found[0].name}

@@ -19,7 +19,7 @@ from hydra.utils import instantiate
 
 from evaluate import rundir
 from evaluate.errors import ConfigError, refuse
-from evaluate.score.answer_length import own_metrics
+from evaluate.score.answer_length import against_baseline, own_metrics
 from evaluate.score.likelihood import likelihood_metrics
 from evaluate.score.tables import format_task_table
 
@@ -81,6 +81,17 @@ def score_rows(benchmark, rows: list[dict], where: str = "predictions") -> dict:
     return metrics
 
 
+def score_run(benchmark, rows: list[dict], run_directory: Path) -> dict:
+    """A run directory's metrics: :func:`score_rows`, and its answers' length against its uncompressed baseline's
+    where one lies beside it (evaluate/score/answer_length.py)."""
+    metrics = score_rows(benchmark, rows, where=str(run_directory / rundir.PREDICTIONS))
+    record = rundir.read_record(run_directory / rundir.CONFIG) or {}
+    drift = against_baseline(run_directory, record, rows)
+    if drift is not None:
+        metrics["answer_length"]["against_uncompressed"] = drift
+    return metrics
+
+
 def rescore_run(run_directory: Path) -> dict:
     """Rewrite the run's metrics.json from its predictions; ConfigError, naming the file and why in one line, for a
     run whose config or predictions cannot be read, before metrics.json is touched."""
@@ -97,7 +108,7 @@ def rescore_run(run_directory: Path) -> dict:
         raise ConfigError(f"{config_file}: cannot rebuild its benchmark ({' '.join(str(error).split())})") from None
     predictions = run_directory / rundir.PREDICTIONS
     try:
-        metrics = score_rows(benchmark, rundir.read_predictions(predictions), where=str(predictions))
+        metrics = score_run(benchmark, rundir.read_predictions(predictions), run_directory)
     except (KeyError, TypeError, AttributeError) as error:  # rows of JSON objects without the fields it scores
         raise ConfigError(f"{predictions}: rows the benchmark cannot score ({error!r})") from None
     rundir.write_json(run_directory / rundir.METRICS, metrics)
