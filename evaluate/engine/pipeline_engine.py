@@ -110,6 +110,7 @@ class GreedyTokens:
         self.answers = []
 
     def _take(self, module, args, output) -> None:
+        # Reading the token back waits for the device, as the pipeline's own stop test (``new_id.item()``) does.
         self._tokens.append(int(output.logits[0, -1].argmax()))
 
     def _generate_answer(self, *args, **kwargs) -> str:
