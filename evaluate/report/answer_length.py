@@ -44,7 +44,7 @@ def answer_length_table(frame: pd.DataFrame, benchmark: str) -> Table | None:
     shown["common prefix"] = [
         _prefix_cell(*pair) for pair in runs[["common_prefix", "common_prefix_median"]].to_numpy()
     ]
-    shown["n"] = runs.answer_length_n.map(lambda n: NOT_AVAILABLE if pd.isna(n) else str(n))
+    shown["n"] = runs.answer_length_n.map(lambda n: NOT_AVAILABLE if pd.isna(n) else f"{n:.0f}")
     # A baseline has nothing to be compared with: its paired cells are empty, not missing.
     paired = ["uncompressed", "uncompressed hit", "stopped earlier", "common prefix"]
     shown.loc[runs.reference.to_numpy(), paired] = ""

@@ -215,9 +215,11 @@ def plot_answer_length(benchmark: str, frame: pd.DataFrame, path: Path) -> Path:
     """Each method's mean answer length, its mean common prefix with the uncompressed answers and its share of
     answers hitting ``max_new_tokens``, against compression ratio; the uncompressed baseline's length and share
     dashed."""
-    runs, styles, ratios = _lines(run_level(frame), benchmark, qualified=True)
+    runs, styles, _ = _lines(run_level(frame), benchmark, qualified=True)
     runs = runs.assign(hit_cap=runs.hit_cap * 100)
     compressed, references = runs[~runs.reference], runs[runs.reference & runs.answer_tokens.notna()]
+    # Only the ratios of runs that recorded token ids: the others draw nothing here.
+    ratios = sorted(compressed.cr[compressed.answer_tokens.notna()].unique()) or [0.0]
     fig, axes = plt.subplots(1, len(_ANSWER_LENGTH_PANELS), figsize=(6 * len(_ANSWER_LENGTH_PANELS) + 2.5, 5))
     for ax, (value, name, baseline) in zip(axes, _ANSWER_LENGTH_PANELS, strict=True):
         for label, line in compressed.dropna(subset=[value]).groupby("line"):
@@ -229,7 +231,7 @@ def plot_answer_length(benchmark: str, frame: pd.DataFrame, path: Path) -> Path:
         ax.set_xlabel("compression ratio", fontsize=11)
         ax.set_ylabel(name, fontsize=11)
     fig.suptitle(f"{benchmark}: answer length against the uncompressed answers of the same samples", fontsize=13)
-    notes = "dashed (left and middle: its mean answer length, the most a prefix can share; right: its share): "
+    notes = "dashed (its mean length left and middle, the most a prefix can share; its share right): "
     return _finish(fig, axes[-1], runs, notes, path)
 
 
