@@ -14,6 +14,7 @@ from evaluate.points.config import run_dir
 from evaluate.report.build import build_report
 from evaluate.report.runs import collect_runs
 from evaluate.run.entry import run_sweep
+from evaluate.run.summary import run_summary
 from evaluate.score.answer_length import CAP, EOS, NO_TOKENS, STOP, TOKENS, common_prefix, drift_metrics, own_metrics
 from evaluate.score.rescore import rescore_run
 from tests.kvpress_reference import ruler_rows
@@ -105,7 +106,8 @@ def sweeps(tmp_path_factory):
                 )
                 for point in (("press=none",), ("press=topk", "cr=0.25"))
             ]
-            run_sweep(cfgs)
+            found[f"{path}_metrics"] = run_sweep(cfgs)
+            found[f"{path}_configs"] = cfgs
             found[path] = [run_dir(cfg) for cfg in cfgs]
     return found
 
@@ -167,6 +169,11 @@ def test_metrics_rescoring_and_the_report_give_the_fields_from_the_files(sweeps,
     recorded = rundir.read_json(point / rundir.METRICS)["answer_length"]
     assert recorded == {**own_metrics(point_rows), "against_uncompressed": {**expected, "run": baseline.name}}
     assert rundir.read_json(baseline / rundir.METRICS)["answer_length"] == own_metrics(baseline_rows)
+    summary = run_summary(sweeps["pool_configs"][1], sweeps["pool_metrics"][1])
+    assert (
+        "answers, same samples: 8.50 tokens on average (uncompressed 9.00), 50.0 % hit max_new_tokens (uncompressed "
+        "75.0 %), 50.0 % stopped earlier, 0.25 tokens in common before the first difference"
+    ) in summary
     (point / rundir.METRICS).unlink()
     assert rescore_run(point)["answer_length"] == recorded
     assert rundir.read_json(point / rundir.METRICS)["answer_length"] == recorded
