@@ -7,6 +7,7 @@ from evaluate import rundir
 from evaluate.models import loading
 from evaluate.points.config import fingerprint, resolve_device, resolve_device_map, run_dir
 from evaluate.run.entry import run
+from evaluate.score.answer_length import TOKENS
 from tests.support import compose_config, with_shared_context
 
 # Every module of the tiny Llama with parameters or buffers, each on the CPU: accelerate installs its hooks all the
@@ -16,7 +17,7 @@ ON_THE_CPU = "device_map={" + ",".join(f"{module}:cpu" for module in MODULES) + 
 # The second layer's weights offloaded to disk: on the meta device, brought to the CPU only while it runs (and while
 # a press compresses its cache: SnapKV, the default scorer, reads its query projection).
 LAYER_ON_DISK = ON_THE_CPU.replace("model.layers.1:cpu", "model.layers.1:disk")
-FIELDS = ("id", "prediction", "answer_nll", "answer_nll_uncompressed", "answer_kl", "answer_top1", "kept_ratio")
+FIELDS = ("id", "prediction", "answer_nll", "answer_nll_uncompressed", "answer_kl", "answer_top1", "kept_ratio", TOKENS)
 
 
 def answered(tmp_path, name: str, *overrides: str, monkeypatch) -> tuple[list[dict], object]:
@@ -42,6 +43,7 @@ def test_a_model_spread_by_a_device_map_answers_as_on_one_device(tmp_path, monke
     expected, single = answered(tmp_path, "single", *settings, monkeypatch=monkeypatch)
     assert not hasattr(single, "hf_device_map")
     assert expected[0]["answer_nll"] is not None and any(row["prediction"] for row in expected)
+    assert all(len(row[TOKENS]) == 6 for row in expected)  # the answer tokens, recorded through the device map too
 
     rows, spread = answered(tmp_path, "spread", *settings, ON_THE_CPU, monkeypatch=monkeypatch)
     assert set(spread.hf_device_map) == set(MODULES)

@@ -19,6 +19,7 @@ from evaluate.benchmarks.longbench_v2 import LongBenchV2, is_correct, score_pred
 from evaluate.benchmarks.selection import select_fraction
 from evaluate.points.config import ConfigError, run_dir
 from evaluate.run.entry import run
+from evaluate.score.answer_length import own_metrics
 from evaluate.score.likelihood import likelihood_metrics
 from evaluate.score.rescore import main as score_main
 from tests.support import compose_config
@@ -205,4 +206,6 @@ def test_a_local_run_records_predictions_and_metrics(tmp_path):
     assert all(isinstance(row["prediction"], str) and not row.get("error") for row in rows)
     assert json.loads((out / rundir.METRICS).read_text()) == metrics
     assert {task: values["n"] for task, values in metrics["tasks"].items()} == {"short": 1, "medium": 1, "long": 1}
-    assert metrics == {**score_predictions(rows), "likelihood": likelihood_metrics(rows)}
+    lengths = own_metrics(rows)
+    assert lengths["n"] == len(rows)
+    assert metrics == {**score_predictions(rows), "likelihood": likelihood_metrics(rows), "answer_length": lengths}

@@ -92,8 +92,9 @@ def pr_runs(root: Path) -> None:
     write_run(root, uniform([True, False, True]), method="snapkv", cr=0.9, limit=3)
     write_run(root, uniform([True]), method="snapkv", cr=0.5, status="running")
     synth = ruler_synth_benchmark(num_samples=2)
-    write_run(root, uniform([True, True]), method="no_press", benchmark=synth)
-    write_run(root, uniform([True, False]), method="eg_chunkkv_snapkv", cr=0.7, benchmark=synth)
+    # ruler_synth's runs record answer token ids: its answer-length table and plot.
+    write_run(root, uniform([True, True]), method="no_press", benchmark=synth, answer_tokens=True)
+    write_run(root, uniform([True, False]), method="eg_chunkkv_snapkv", cr=0.7, benchmark=synth, answer_tokens=True)
     write_run(root, uniform([False, True]), method="chunkkv_snapkv", cr=0.7, benchmark=synth)
     write_run(root, uniform([True, True]), method="chunkkv_snapkv", cr=0.9, benchmark=ruler_synth_benchmark(500))
     loogle_tasks = {"shortdep_qa": [True, False, True], "longdep_qa": [True, True, False]}

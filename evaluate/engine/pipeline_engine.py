@@ -18,9 +18,9 @@ from transformers import DynamicCache
 
 from evaluate.benchmarks import Sample
 from evaluate.engine.cost import Cost, kv_bytes, measure_kept_ratio
-from evaluate.engine.decoding_pool import DecodingPool
+from evaluate.engine.decoding_pool import DecodingPool, stop_token_ids
 from evaluate.engine.devices import input_device, synchronizer
-from evaluate.engine.requests import AnsweredGroup, hidden_keys
+from evaluate.engine.requests import AnsweredGroup, GeneratedAnswer, hidden_keys
 from evaluate.engine.teacher_forcing import (
     forcing_pool,
     likelihood_fields,
@@ -91,6 +91,41 @@ class PrefillProbe:
     def close(self) -> None:
         for handle in self._handles:
             handle.remove()
+
+
+class GreedyTokens:
+    """The token ids kvpress's pipeline generates for each question, exactly as it generates them.
+
+    ``KVPressTextGenerationPipeline.generate_answer`` keeps its greedy ids in a local list and returns their text
+    only, and text decoded with ``skip_special_tokens`` does not tokenize back to the same ids. So this wraps the
+    pipeline's ``generate_answer`` (an attribute of this pipeline object only) and, while a call runs, a forward hook
+    on the language model takes each pass's token the way the pipeline does: the argmax of the last position's
+    logits, on the very tensor the pipeline reads. ``answers`` holds each call's answer since ``reset``.
+    """
+
+    def __init__(self, pipe):
+        self.stop_ids = stop_token_ids(pipe.model)
+        self._model, self._generate = pipe.model, pipe.generate_answer
+        pipe.generate_answer = self._generate_answer
+        self.answers: list[GeneratedAnswer] = []
+        self._tokens: list[int] = []
+
+    def reset(self) -> None:
+        self.answers = []
+
+    def _take(self, module, args, output) -> None:
+        # Reading the token back waits for the device, as the pipeline's own stop test (``new_id.item()``) does.
+        self._tokens.append(int(output.logits[0, -1].argmax()))
+
+    def _generate_answer(self, *args, **kwargs) -> str:
+        self._tokens = []
+        handle = self._model.register_forward_hook(self._take)
+        try:
+            answer = self._generate(*args, **kwargs)
+        finally:
+            handle.remove()
+        self.answers.append(GeneratedAnswer.of(self._tokens, self.stop_ids))
+        return answer
 
 
 def pipeline_max_context_length(tokenizer) -> int:
@@ -252,6 +287,7 @@ def answer_with_pipeline(plan: Plan, model, tokenizer, budget: int) -> Iterator[
     """Each context group of ``plan`` through kvpress's pipeline, the press hooked into the prefill; yields each
     group's answers (point 0: the one plan) as they are finished, a failed group's with its failure."""
     pipe = make_pipeline(model, tokenizer, plan.spec.device)
+    tokens = GreedyTokens(pipe)
     probe = PrefillProbe(model)
     # kvpress's runner seeds once before its run: a press drawing random numbers (RandomPress, Compactor's sketch)
     # draws the same ones here.
@@ -261,6 +297,7 @@ def answer_with_pipeline(plan: Plan, model, tokenizer, budget: int) -> Iterator[
     try:
         for group in plan.groups():
             probe.reset()
+            tokens.reset()
             group_start = time.perf_counter()
             cache = DynamicCache()
             inputs = _PipelineInputs(
@@ -286,7 +323,7 @@ def answer_with_pipeline(plan: Plan, model, tokenizer, budget: int) -> Iterator[
                         cache=cache,
                     )["answers"]
                 if plan.spec.generate:
-                    result.answers = answers
+                    result.answers, result.generated = answers, tokens.answers
                 result.kept_ratio = measure_kept_ratio(model, cache, probe.context_length)
                 result.context_length = probe.context_length
                 held, kept = kv_bytes(model, cache)

@@ -22,7 +22,7 @@ from evaluate.engine.decoding_pool import DecodingPool
 from evaluate.engine.devices import cuda_devices, input_device
 from evaluate.engine.pipeline_engine import chat_template_enabled, make_pipeline, pipeline_budget
 from evaluate.engine.prefill import PrefillCapture, QuestionIds, RandomStream, clear_masks, compressed_cache
-from evaluate.engine.requests import AnsweredGroup, DecodeRequest, Prefilled, RowCost, hidden_keys
+from evaluate.engine.requests import AnsweredGroup, DecodeRequest, GeneratedAnswer, Prefilled, RowCost, hidden_keys
 from evaluate.engine.score_memo import ScoreMemo
 from evaluate.engine.teacher_forcing import forcing_pool, likelihood_fields, reference_answer_ids, teacher_forced
 from evaluate.points.budget import apply_budget
@@ -39,10 +39,15 @@ class GroupAnswers:
     pending: int = 0
     prefill_cache: DynamicCache | None = None
 
-    def arrive(self, index: int, tokens: list[int], row_cost: RowCost, kept: tuple[float, int] | None = None) -> None:
+    def arrive(
+        self, index: int, answer: GeneratedAnswer, row_cost: RowCost, kept: tuple[float, int] | None = None
+    ) -> None:
         """A row's answer and cost; for a row compressed while decoding, ``kept``: the kept ratio and bytes of the cache
         it left (:func:`evaluate.engine.decoding_compression.kept_after_answer`), which replace the prefill's."""
-        self.result.answers[index] = str(self.tokenizer.decode(tokens, skip_special_tokens=True))
+        self.result.answers[index] = str(self.tokenizer.decode(list(answer.token_ids), skip_special_tokens=True))
+        if self.result.generated is None:
+            self.result.generated = [None] * len(self.result.answers)
+        self.result.generated[index] = answer
         cost = self.result.cost
         if kept is not None:
             self.result.kept_ratio = kept[0]
@@ -153,7 +158,7 @@ class PoolLoop:
                 kept = kept_after_answer(
                     answers.prefill_cache, row.final_lengths, row.final_masks, answers.result.context_length
                 )
-            answers.arrive(index, row.output, row.cost, kept)
+            answers.arrive(index, GeneratedAnswer.of(row.output, self.pool.stop_ids), row.cost, kept)
         complete = [answers.result for answers in self.outstanding if answers.complete]
         self.outstanding[:] = [answers for answers in self.outstanding if not answers.complete]
         return complete

@@ -120,11 +120,26 @@ def hidden_keys(attention_modules) -> tuple[tuple[torch.Tensor, torch.Tensor] | 
     return tuple(hidden)
 
 
+@dataclass(frozen=True)
+class GeneratedAnswer:
+    """One greedy answer as token ids, exactly as decoded (its stop token included), and whether it ended on a stop
+    token rather than at its ``max_new_tokens``."""
+
+    token_ids: tuple[int, ...]
+    stopped_on_eos: bool
+
+    @classmethod
+    def of(cls, tokens: list[int], stop_ids: set[int]) -> "GeneratedAnswer":
+        # As both paths stop: the first token (the question's own output) is never tested against the stop tokens.
+        return cls(tuple(int(token) for token in tokens), len(tokens) > 1 and int(tokens[-1]) in stop_ids)
+
+
 @dataclass
 class AnsweredGroup:
     """What the engine finished: one point's questions on one context, answered (or failed with ``failure``), with
-    the likelihood fields of each sample where the point wants them, and the cost. ``point`` indexes the plans the
-    engine was given; the run loop records it."""
+    the likelihood fields of each sample where the point wants them, and the cost. ``generated`` holds each
+    answer's tokens (:class:`GeneratedAnswer`), None where nothing was generated (generate=false, a failure).
+    ``point`` indexes the plans the engine was given; the run loop records it."""
 
     point: int
     group: list
@@ -134,6 +149,7 @@ class AnsweredGroup:
     cost: Cost
     likelihood: list[dict] | None = None
     failure: Exception | None = None
+    generated: list[GeneratedAnswer | None] | None = None
 
 
 @dataclass

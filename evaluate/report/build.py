@@ -7,6 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from evaluate import rundir
+from evaluate.report.answer_length import answer_length_table
 from evaluate.report.capacity import DEFAULT_MEMORY_GB, capacity_table, check_memory
 from evaluate.report.compare import compare_tables, load_references
 from evaluate.report.differences import Effect, diff_table, effect_table, load_effects
@@ -42,11 +43,12 @@ class Report:
     capacity: list[Table] = field(default_factory=list)  # the serving-capacity table, where runs recorded KV bytes
     budgets: list[Table] = field(default_factory=list)  # the headline by token budget, where runs have one
     iso_budget_series: pd.DataFrame | None = None  # the series by token budget with their figures, for the plots
+    answer_length: list[Table] = field(default_factory=list)  # per benchmark, where runs recorded answer token ids
 
     def tables(self) -> list[Table]:
         tables = [*self.headline, *self.budgets, *self.tasks, *self.differences, *self.iso, *self.capacity]
         tables += self.comparisons
-        tables += self.likelihood
+        tables += [*self.likelihood, *self.answer_length]
         return [*tables, cost_table(self.frame), runs_table(self.frame)]
 
     def page(self, runs_dir: Path, resamples: int) -> str:
@@ -60,6 +62,7 @@ class Report:
         paragraphs += [table.page() for table in [*self.differences, *self.iso, *self.capacity, *self.comparisons]]
         for table in self.likelihood[:1]:
             paragraphs += [table.page(), "Per task: [likelihood_tasks.md](likelihood_tasks.md)"]
+        paragraphs += [table.page() for table in self.answer_length]
         if self.unmatched_references:
             paragraphs.append(f"{self.unmatched_references} published figures have no matching run.")
         if self.skipped:
@@ -103,6 +106,8 @@ def build_report(
     iso_budget, budget_series = iso_table(runs, by_budget, chosen, resamples, seed, ISO_BUDGET)
     likelihood = likelihood_tables(by_ratio)
     capacity = capacity_table(runs, frame, serving_memory_gb)  # a row per run, labelled by cr or budget
+    # Drift against cr: the runs at a ratio, as the plot draws them.
+    lengths = [table for benchmark in benchmarks if (table := answer_length_table(by_ratio, benchmark))]
     return Report(
         runs,
         frame,
@@ -118,6 +123,7 @@ def build_report(
         [capacity] if capacity else [],
         budgets,
         budget_series,
+        lengths,
     )
 
 

@@ -6,6 +6,7 @@ import pandas as pd
 
 from evaluate.cost_schema import COST_KEYS
 from evaluate.report.runs import NO_PRESS, RunResult, find_baselines
+from evaluate.score.answer_length import DRIFT_FIELDS, drift_metrics, own_metrics
 from evaluate.score.likelihood import FIELDS as LIKELIHOOD_FIELDS
 
 _RUN_ATTRIBUTES = "benchmark model model_id method variant query_aware score interval_note partial_reasons".split()
@@ -19,14 +20,24 @@ def bracketed(variant: str) -> str:
     return f" [{variant}]" if variant else ""
 
 
+def answer_length(runs: Sequence[RunResult], position: int, baseline: int | None) -> dict:
+    """A run's answer-length fields (evaluate/score/answer_length.py), recomputed from the prediction files: against
+    its baseline's answers where both recorded token ids, else its own (length and cap share) where it did; NaN for
+    the rest. ``answer_length_n`` counts the rows they are over."""
+    rows = runs[position].rows
+    found = (drift_metrics(rows, runs[baseline].rows) if baseline is not None else None) or own_metrics(rows) or {}
+    return {**{name: found.get(name) for name in DRIFT_FIELDS}, "answer_length_n": found.get("n")}
+
+
 def runs_frame(runs: Sequence[RunResult]) -> pd.DataFrame:
     """One row per run x task, in the order of ``runs`` and of task names (a run without tasks keeps a row, task
     None). Besides the run's figures: ``run``, its position in ``runs``; ``cr`` as recorded and ``ratio`` rounded
     to match runs on, or ``budget``, the tokens kept of each context, for a token-budget run (NaN in the other);
     ``reference``, a no_press run; ``baseline``, the position of the run's uncompressed baseline
     (evaluate/score/baseline.py), NA for none; ``contexts``, the fewest any task's interval resampled; ``n``,
-    samples; ``settings``, the benchmark's config; each likelihood field's headline (``answer_kl``, ...) with its
-    interval (``answer_kl_low``, ``answer_kl_high``) and ``likelihood_n``, the rows that have them; then task,
+    samples; ``settings``, the benchmark's config; the answer-length fields (:func:`answer_length`); each
+    likelihood field's headline (``answer_kl``, ...) with its interval (``answer_kl_low``, ``answer_kl_high``) and
+    ``likelihood_n``, the rows that have them; then task,
     task_score, task_n and the task's likelihood means (``task_answer_kl``, ..., ``task_likelihood_n``)."""
     records = []
     baselines = find_baselines(runs)
@@ -55,6 +66,7 @@ def runs_frame(runs: Sequence[RunResult]) -> pd.DataFrame:
                 for end in ("low", "high")
             },
             "likelihood_n": run.likelihood.get("n"),
+            **answer_length(runs, position, baselines[position]),
         }
         likelihood = run.likelihood.get("tasks", {})
         for task, values in sorted(run.tasks.items()) or [(None, {})]:
@@ -70,7 +82,8 @@ def runs_frame(runs: Sequence[RunResult]) -> pd.DataFrame:
         *(f"{name}_{end}" for name in LIKELIHOOD_FIELDS for end in ("low", "high")),
     ]
     numbers |= {column: float for column in [*likelihood_columns, *(f"task_{name}" for name in LIKELIHOOD_FIELDS)]}
-    numbers |= {"likelihood_n": "Int64", "task_likelihood_n": "Int64"}
+    numbers |= {"likelihood_n": "Int64", "task_likelihood_n": "Int64", "answer_length_n": "Int64"}
+    numbers |= dict.fromkeys(DRIFT_FIELDS, float)
     frame = pd.DataFrame.from_records(records).astype(numbers)
     label = frame.method.mask(frame.reference, "no compression") + frame.variant.map(bracketed)
     return frame.assign(label=label + frame.query_aware.map(QUERY_AWARE))  # what tells a row's runs apart

@@ -2,7 +2,9 @@
 score of each method with its bootstrap 95% band and its baseline's score as a dashed line, a panel per model
 (and query-awareness); ``{benchmark}_tasks.png``, the same for every task, a small panel each. Partial runs are drawn
 with hollow markers. ``{benchmark}_kl.png``: the mean answer KL from the uncompressed model against cr, for runs
-with the likelihood fields; ``{benchmark}_cost.png``: score against the KV bytes held, each point labelled with its
+with the likelihood fields; ``{benchmark}_answer_length.png``: the mean answer length, the tokens shared with the
+uncompressed answer and the share hitting max_new_tokens against cr, for runs that recorded answer token ids;
+``{benchmark}_cost.png``: score against the KV bytes held, each point labelled with its
 ratio; ``{benchmark}_iso.png``: each method's compression at iso-quality against its baseline;
 ``{benchmark}_budget.png``: the headline score against token budget, for ``budget=N`` runs, and
 ``{benchmark}_iso_budget.png`` their smallest budget at iso-quality against their baseline. For
@@ -228,6 +230,39 @@ def _against_cr(
         ax.set_title(f"{benchmark} — {model}{QUERY_AWARE[query_aware]}", fontsize=13)
     handles, labels = axes[0][-1].get_legend_handles_labels()
     return _finish(fig, axes[0][-1], runs, "bands and whiskers: bootstrap 95% interval; dashed: ", path)
+
+
+# The answer-length figure's panels: a run-level column, its axis label, and the baseline's column drawn dashed
+# (evaluate/score/answer_length.py): the mean common prefix is bounded by the baseline's mean length.
+_ANSWER_LENGTH_PANELS = (
+    ("answer_tokens", "mean answer length (tokens)", "answer_tokens"),
+    ("common_prefix", "mean common prefix with uncompressed (tokens)", "answer_tokens"),
+    ("hit_cap", "share of answers hitting max_new_tokens (%)", "hit_cap"),
+)
+
+
+def plot_answer_length(benchmark: str, frame: pd.DataFrame, path: Path) -> Path:
+    """Each method's mean answer length, its mean common prefix with the uncompressed answers and its share of
+    answers hitting ``max_new_tokens``, against compression ratio; the uncompressed baseline's length and share
+    dashed."""
+    runs, styles, _ = _lines(run_level(frame), benchmark, qualified=True)
+    runs = runs.assign(hit_cap=runs.hit_cap * 100)
+    compressed, references = runs[~runs.reference], runs[runs.reference & runs.answer_tokens.notna()]
+    # Only the ratios of runs that recorded token ids: the others draw nothing here.
+    ratios = sorted(compressed.cr[compressed.answer_tokens.notna()].unique()) or [0.0]
+    fig, axes = plt.subplots(1, len(_ANSWER_LENGTH_PANELS), figsize=(6 * len(_ANSWER_LENGTH_PANELS) + 2.5, 5))
+    for ax, (value, name, baseline) in zip(axes, _ANSWER_LENGTH_PANELS, strict=True):
+        for label, line in compressed.dropna(subset=[value]).groupby("line"):
+            _draw_points(ax, line, line.cr.tolist(), line[value].tolist(), styles[label], label)
+        for reference in references.to_dict("records"):
+            text = f"no compression{reference['line'].removeprefix(NO_PRESS)}"
+            ax.axhline(reference[baseline], color=_REFERENCE_COLOR, linestyle="--", linewidth=1.5, label=text)
+        _style(ax, ratios, [*runs[value], *references[baseline]], fontsize=10, score=value == "hit_cap")
+        ax.set_xlabel("compression ratio", fontsize=11)
+        ax.set_ylabel(name, fontsize=11)
+    fig.suptitle(f"{benchmark}: answer length against the uncompressed answers of the same samples", fontsize=13)
+    notes = "dashed (its mean length left and middle, the most a prefix can share; its share right): "
+    return _finish(fig, axes[-1], runs, notes, path)
 
 
 def _finish(fig, ax, runs: pd.DataFrame, notes: str, path: Path) -> Path:
@@ -488,6 +523,7 @@ def plot_all(
         plots = [(plot_benchmark, ""), (plot_task_grid, "_tasks")] if scored else []
         plots += [(plot_cost, "_cost")] if scored and runs.kv_bytes_held_per_context.notna().any() else []
         plots += [(plot_kl, "_kl")] if runs.answer_kl.notna().any() else []
+        plots += [(plot_answer_length, "_answer_length")] if runs.answer_tokens.notna().any() else []
         written += [plot(name, runs, out / f"{name}{suffix}.png") for plot, suffix in plots]
         measured = _iso_measured(iso_series, name)
         if not measured.empty:

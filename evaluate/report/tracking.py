@@ -13,6 +13,13 @@ if TYPE_CHECKING:
     from evaluate.report.build import Report
 
 MODES = ("disabled", "offline", "online")
+# The charts against cr logged per benchmark: a runs-frame column, the chart's key suffix and its title.
+_CHARTS = (
+    ("score", "", "score"),
+    ("answer_kl", "_kl", "answer KL"),
+    ("answer_tokens", "_answer_tokens", "mean answer tokens"),
+    ("common_prefix", "_common_prefix", "tokens shared with the uncompressed answer"),
+)
 
 
 def import_wandb(mode: str):
@@ -32,7 +39,8 @@ def _table(wandb, frame, **options):
 
 def log_report(report: "Report", plots: Sequence[Path], mode: str, project: str = "pressbench", dir=None) -> str:
     """Log every table (as its CSV file holds it), every plot, and a score-against-cr chart per benchmark (and an
-    answer-KL one where runs have the likelihood fields) to one summary run; returns the run's URL (online) or its
+    answer-KL one where runs have the likelihood fields, answer-length ones where they recorded answer token ids)
+    to one summary run; returns the run's URL (online) or its
     local folder (offline)."""
     wandb = import_wandb(mode)
     runs = report.frame.drop_duplicates("run")
@@ -44,7 +52,7 @@ def log_report(report: "Report", plots: Sequence[Path], mode: str, project: str 
     try:
         record = {f"tables/{t.name}": _table(wandb, t.cells(), allow_mixed_types=True) for t in report.tables()}
         for benchmark in benchmarks:
-            for value, suffix, title in (("score", "", "score"), ("answer_kl", "_kl", "answer KL")):
+            for value, suffix, title in _CHARTS:
                 # Charts against cr: token-budget runs have none (their figure is among the plots).
                 measured = runs[(runs.benchmark == benchmark) & runs[value].notna() & runs.budget.isna()]
                 if measured.empty:

@@ -31,7 +31,8 @@ from evaluate.points.plan import Plan
 from evaluate.points.shard import Shard
 from evaluate.run.planning import sample_identity
 from evaluate.run.tracking import Tracker
-from evaluate.score.rescore import score_rows
+from evaluate.score.answer_length import row_columns
+from evaluate.score.rescore import score_run
 from evaluate.score.tables import format_task_table
 
 logger = logging.getLogger(__name__)
@@ -327,7 +328,10 @@ class Recorder:
         """The group's prediction rows; a failed group's empty and marked with its ``error``."""
         answers = [""] * len(result.group) if error else result.answers
         likelihood = (None if error else result.likelihood) or [{}] * len(result.group)
-        for sample, answer, scores in zip(result.group, answers, likelihood, strict=True):
+        generated = (None if error else result.generated) or [None] * len(result.group)
+        for sample, answer, scores, tokens in zip(result.group, answers, likelihood, generated, strict=True):
+            # The answer's exact token ids and why it ended (evaluate/score/answer_length.py); none when not generated.
+            length = row_columns(tokens.token_ids, tokens.stopped_on_eos) if tokens is not None else {}
             yield {
                 **sample_identity(sample),
                 "prediction": answer,
@@ -335,6 +339,7 @@ class Recorder:
                 "compression_ratio": self.plan.spec.effective_cr,
                 "kept_ratio": None if error else result.kept_ratio,
                 "context_length": None if error else result.context_length,
+                **length,
                 **sample.extra,
                 **scores,
                 **({"error": error} if error else {}),
@@ -401,7 +406,7 @@ class Recorder:
             rundir.rewrite_predictions(predictions, in_order)
             rows = in_order
         try:
-            metrics = score_rows(plan.benchmark, rows, where=str(predictions))
+            metrics = score_run(plan.benchmark, rows, plan.out)
         except Exception as error:
             # A run never stays "complete" without its metrics: run.json says that scoring failed and why.
             failure = f"scoring failed: {type(error).__name__}: {' '.join(str(error).split())}"

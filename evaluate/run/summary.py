@@ -3,7 +3,6 @@
 import shlex
 import sys
 from collections.abc import Sequence
-from functools import cache, partial
 from pathlib import Path
 
 import pandas as pd
@@ -15,7 +14,8 @@ from evaluate.keys import NON_RESULT_KEYS
 from evaluate.points.config import effective_budget, kept_text, method_name, run_dir
 from evaluate.points.shard import resolve_shard
 from evaluate.report.runs import flatten
-from evaluate.score.baseline import is_baseline
+from evaluate.score.answer_length import drift_metrics
+from evaluate.score.baseline import find_baseline
 
 # Overrides that choose the press; the uncompressed run of the same samples drops them.
 PRESS_OVERRIDES = ("press=", "press.", "scorer=", "scorer.", "cr=", "budget=", "+press.", "+scorer.", "method=")
@@ -27,23 +27,29 @@ def _last_of_each_key(overrides: Sequence[str]) -> list[str]:
     return list(last.values())
 
 
-def _readable_rows(path: Path) -> list[dict]:
-    try:
-        return rundir.read_predictions(path)
-    except rundir.DamagedPredictions:  # not a baseline to compare with until it is repaired
-        return []
-
-
-def uncompressed_score(cfg: DictConfig, sample_ids: set[str]) -> tuple[float, Path] | None:
+def uncompressed_score(cfg: DictConfig, sample_ids: set[str]) -> tuple[float, Path, list[dict]] | None:
     """The headline this run's uncompressed baseline (evaluate/score/baseline.py) under ``output_dir`` gives on
-    exactly these samples, and its directory; None when no run there is its baseline."""
+    exactly these samples, its directory and its rows; None when no run there is its baseline."""
     config = (rundir.read_yaml(run_dir(cfg) / rundir.CONFIG) or {}).get("config", {})
-    for config_path in sorted(Path(cfg.output_dir).glob("*/" + rundir.CONFIG)):
-        rows = cache(partial(_readable_rows, config_path.parent / rundir.PREDICTIONS))
-        if is_baseline(rundir.read_yaml(config_path) or {}, rows, config, sample_ids):
-            same = [row for row in rows() if row["id"] in sample_ids]
-            return instantiate(cfg.benchmark).score(same)["score"], config_path.parent
-    return None
+    found = find_baseline(Path(cfg.output_dir), config, sample_ids)
+    if found is None:
+        return None
+    same = [row for row in found[1] if row["id"] in sample_ids]
+    return instantiate(cfg.benchmark).score(same)["score"], found[0], same
+
+
+def answer_length_line(rows: list[dict], baseline_rows: list[dict]) -> list[str]:
+    """The line on the answers' length against the uncompressed answers (evaluate/score/answer_length.py), where
+    both runs recorded token ids."""
+    drift = drift_metrics(rows, baseline_rows)
+    if drift is None:
+        return []
+    return [
+        f"answers, same samples: {drift['answer_tokens']:.2f} tokens on average (uncompressed "
+        f"{drift['answer_tokens_uncompressed']:.2f}), {100 * drift['hit_cap']:.1f} % hit max_new_tokens (uncompressed "
+        f"{100 * drift['hit_cap_uncompressed']:.1f} %), {100 * drift['stopped_earlier']:.1f} % stopped earlier, "
+        f"{drift['common_prefix']:.2f} tokens in common before the first difference"
+    ]
 
 
 def likelihood_summary(likelihood: dict) -> str:
@@ -84,6 +90,7 @@ def run_summary(cfg: DictConfig, metrics: dict, overrides: Sequence[str] = ()) -
         found = uncompressed_score(cfg, {row["id"] for row in rows})
         if found is not None:
             lines.append(f"uncompressed, same samples: score {found[0]} ({found[1]})")
+            lines += answer_length_line(rows, found[2])
         else:
             uncompressed = shlex.join(["press=none", *others])
             lines.append(f"no uncompressed run of these samples and settings yet: python -m evaluate {uncompressed}")

@@ -24,6 +24,20 @@ from evaluate.score.likelihood import FIELDS as LIKELIHOOD_FIELDS
 logger = logging.getLogger(__name__)
 
 
+def answer_length_summary(answer_length: dict) -> dict[str, float]:
+    """metrics.json's ``answer_length`` as summary keys: ``answer_length/answer_tokens``, ..., and the fields against
+    the uncompressed baseline under ``answer_length/against_uncompressed/`` (evaluate/score/answer_length.py)."""
+    against = answer_length.get("against_uncompressed") or {}
+    return {
+        **{f"answer_length/{key}": value for key, value in answer_length.items() if isinstance(value, int | float)},
+        **{
+            f"answer_length/against_uncompressed/{key}": value
+            for key, value in against.items()
+            if isinstance(value, int | float)
+        },
+    }
+
+
 class Tracker:
     """wandb logging for one run. Every method is a no-op when tracking is disabled or has failed."""
 
@@ -97,6 +111,7 @@ class Tracker:
         summary |= {f"likelihood/{key}": value for key, value in likelihood.items() if isinstance(value, int | float)}
         for task, values in likelihood.get("tasks", {}).items():
             summary |= {f"likelihood/tasks/{task}/{key}": value for key, value in values.items()}
+        summary |= answer_length_summary(metrics.get("answer_length") or {})
         self._run.summary.update(summary)
         task_rows = [[task, values.get("score"), values.get("n")] for task, values in tasks.items()]
         task_table = self._wandb.Table(columns=["task", "score", "n"], data=task_rows)

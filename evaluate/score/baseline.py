@@ -9,7 +9,10 @@ differ in the compression alone. Any other ``no_press`` run is no baseline of it
 
 import json
 from collections.abc import Callable, Iterable
+from functools import cache, partial
+from pathlib import Path
 
+from evaluate import rundir
 from evaluate.keys import NON_RESULT_KEYS, PRESS_KEYS
 
 NO_PRESS = "no_press"
@@ -38,3 +41,24 @@ def is_baseline(record: dict, rows: Callable[[], list[dict]], config: dict, samp
     if record.get("method") != NO_PRESS or baseline_key(record.get("config", {})) != baseline_key(config):
         return False
     return sample_ids <= answered_ids(rows())
+
+
+def _readable_rows(path: Path) -> list[dict]:
+    try:
+        return rundir.read_predictions(path)
+    except rundir.DamagedPredictions:  # not a baseline to compare with until it is repaired
+        return []
+
+
+def find_baseline(folder: Path, config: dict, sample_ids: set[str]) -> tuple[Path, list[dict]] | None:
+    """The run directory directly under ``folder`` that is the baseline of a run recorded with ``config`` that
+    answered ``sample_ids``, with its rows; None when none is. A run directory whose files cannot be read is none."""
+    for config_path in sorted(folder.glob("*/" + rundir.CONFIG)):
+        rows = cache(partial(_readable_rows, config_path.parent / rundir.PREDICTIONS))
+        try:
+            record = rundir.read_record(config_path) or {}
+        except rundir.Unreadable:
+            continue
+        if is_baseline(record, rows, config, sample_ids):
+            return config_path.parent, rows()
+    return None

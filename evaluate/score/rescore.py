@@ -19,6 +19,7 @@ from hydra.utils import instantiate
 
 from evaluate import rundir
 from evaluate.errors import ConfigError, refuse
+from evaluate.score.answer_length import against_baseline, own_metrics
 from evaluate.score.likelihood import likelihood_metrics
 from evaluate.score.tables import format_task_table
 
@@ -61,8 +62,8 @@ def check_references(benchmark, rows: list[dict], where: str) -> None:
 
 def score_rows(benchmark, rows: list[dict], where: str = "predictions") -> dict:
     """The benchmark's metrics (none under ``generate=false``, whose rows hold no prediction), plus how many samples
-    failed (they are scored as the wrong answers they are) and the likelihood fields' means. ``where`` names the
-    rows' file in a refusal (:func:`check_references`)."""
+    failed (they are scored as the wrong answers they are), the likelihood fields' means and the answers' length in
+    tokens (evaluate/score/answer_length.py). ``where`` names the rows' file in a refusal (:func:`check_references`)."""
     check_references(benchmark, rows, where)
     generated = all(row.get("prediction") is not None for row in rows)
     metrics = benchmark.score(rows) if generated else not_generated(benchmark, rows)
@@ -74,6 +75,20 @@ def score_rows(benchmark, rows: list[dict], where: str = "predictions") -> dict:
     likelihood = likelihood_metrics(rows)
     if likelihood is not None:
         metrics["likelihood"] = likelihood
+    answer_length = own_metrics(rows)
+    if answer_length is not None:
+        metrics["answer_length"] = answer_length
+    return metrics
+
+
+def score_run(benchmark, rows: list[dict], run_directory: Path) -> dict:
+    """A run directory's metrics: :func:`score_rows`, and its answers' length against its uncompressed baseline's
+    where one lies beside it (evaluate/score/answer_length.py)."""
+    metrics = score_rows(benchmark, rows, where=str(run_directory / rundir.PREDICTIONS))
+    record = rundir.read_record(run_directory / rundir.CONFIG) or {}
+    drift = against_baseline(run_directory, record, rows)
+    if drift is not None:
+        metrics["answer_length"]["against_uncompressed"] = drift
     return metrics
 
 
@@ -93,7 +108,7 @@ def rescore_run(run_directory: Path) -> dict:
         raise ConfigError(f"{config_file}: cannot rebuild its benchmark ({' '.join(str(error).split())})") from None
     predictions = run_directory / rundir.PREDICTIONS
     try:
-        metrics = score_rows(benchmark, rundir.read_predictions(predictions), where=str(predictions))
+        metrics = score_run(benchmark, rundir.read_predictions(predictions), run_directory)
     except (KeyError, TypeError, AttributeError) as error:  # rows of JSON objects without the fields it scores
         raise ConfigError(f"{predictions}: rows the benchmark cannot score ({error!r})") from None
     rundir.write_json(run_directory / rundir.METRICS, metrics)
