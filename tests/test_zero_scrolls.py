@@ -240,8 +240,9 @@ def test_a_local_run_records_predictions_a_submission_and_a_report(tmp_path, cap
     page = capsys.readouterr().out
     assert "| zero_scrolls | no compression | - n=3* |" in page
     assert "| zero_scrolls | chunkkv_snapkv | - n=3* |" in page
-    # No score and no likelihood fields (no published answers to teacher-force): nothing to plot.
-    assert not list((tmp_path / "plots").glob("zero_scrolls*.png"))
+    # No score and no likelihood fields (no published answers to teacher-force): only the answer-length figure,
+    # which compares the compressed answers with the uncompressed ones and needs no reference answer.
+    assert [path.name for path in (tmp_path / "plots").glob("zero_scrolls*.png")] == ["zero_scrolls_answer_length.png"]
     assert rows[0].get("answer_kl") is None
     tasks = (tmp_path / "tables" / "zero_scrolls_tasks.md").read_text()
     assert "| quality | - n=2* | - n=2* |" in tasks
