@@ -32,6 +32,12 @@ class Sample:
     ``chat_template`` is False for prompts a protocol feeds raw (LongBench's official protocol does so for
     few-shot tasks). ``extra`` holds fields a metric needs besides the answers (e.g. LongBench's
     ``all_classes``); they are copied into the prediction row so that rescoring needs nothing else.
+
+    A turn of a conversation (SCBench's multi-turn setting, ``ruler_synth``'s ``benchmark.turns=K``) names its
+    ``conversation`` and its ``turn`` in it, counted from 0; the turns of one conversation share their context and
+    are asked in turn order, each turn's question and answer staying in the cache for the next, under
+    ``turns=multi`` (evaluate/engine/turns.py), or each on its own under the default ``turns=independent``. Both are
+    None for a question on its own.
     """
 
     id: str
@@ -43,6 +49,8 @@ class Sample:
     max_new_tokens: int
     chat_template: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
+    conversation: str | None = None
+    turn: int | None = None
 
 
 @dataclass(frozen=True)

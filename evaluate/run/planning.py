@@ -26,6 +26,7 @@ def sample_identity(sample: Sample) -> dict:
         "question": sample.question,
         "answer_prefix": sample.answer_prefix,
         "answers": list(sample.answers),
+        **({"conversation": sample.conversation, "turn": sample.turn} if sample.turn is not None else {}),
     }
 
 
