@@ -186,6 +186,11 @@ def validate_choices(choices: Mapping[str, str | None]) -> None:
         )
 
 
+# conf/config.yaml's turns and history (evaluate/engine/turns.py).
+TURN_MODES = ("independent", "multi")
+HISTORIES = ("reference", "model")
+
+
 def validate(cfg: DictConfig) -> None:
     """Refuse configurations kvpress cannot run, each with a one-line reason."""
     if not 0 <= cfg.cr < 1:
@@ -222,6 +227,7 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"{stray} set the knobs of kvpress's registry entries; use method=<entry>")
     if not cfg.generate and not cfg.likelihood:
         raise ConfigError("generate=false with likelihood=false measures nothing; drop one of them")
+    _check_turns(cfg)
     if not compresses(cfg):
         return
     press = described_press(cfg)
@@ -241,6 +247,21 @@ def validate(cfg: DictConfig) -> None:
             f"scorer {cfg.scorer.name} reads the attention weights, which only eager attention returns; "
             "use attn_implementation=eager"
         )
+
+
+def _check_turns(cfg: DictConfig) -> None:
+    """Refuse a conversation mode or history that does not exist, and a history that nothing reads."""
+    if cfg.turns not in TURN_MODES:
+        raise ConfigError(f"turns={cfg.turns!r}; choose one of {', '.join(TURN_MODES)}")
+    if cfg.history not in HISTORIES:
+        raise ConfigError(f"history={cfg.history!r}; choose one of {', '.join(HISTORIES)}")
+    if cfg.turns == "independent" and cfg.history != "reference":
+        raise ConfigError(
+            f"history={cfg.history} is read only by turns=multi (independent turns keep no earlier answer); "
+            "add turns=multi, or drop history"
+        )
+    if cfg.turns == "multi" and not cfg.generate:
+        raise ConfigError("turns=multi asks each turn after the previous answer, and generate=false answers none")
 
 
 def _check_budget(cfg: DictConfig) -> None:
@@ -405,6 +426,10 @@ def result_config(cfg: DictConfig) -> dict:
             resolved.pop(knob, None)  # unset knobs do not split runs, nor move the runs recorded before they existed
     if resolved.get("generate", True):
         resolved.pop("generate", None)  # generating runs keep the fingerprints they had before generate=false existed
+    if resolved.get("turns", "independent") == "independent":
+        # kvpress's way, as every run recorded before the keys existed; history is read only by turns=multi.
+        resolved.pop("turns", None)
+        resolved.pop("history", None)
     if resolved.get("max_new_tokens") is None or not resolved.get("generate", True):
         # null: each row's own, as every run recorded before the key existed; generate=false decodes nothing.
         resolved.pop("max_new_tokens", None)
@@ -438,6 +463,8 @@ def run_name(cfg: DictConfig) -> str:
     parts = [cfg.benchmark.name, cfg.model.name, method_name(cfg), kept]
     if cfg.query_aware:
         parts.append("query_aware")
+    if cfg.get("turns", "independent") == "multi":
+        parts.append("multi" if cfg.history == "reference" else f"multi_{cfg.history}")
     parts.append(fingerprint(cfg)[:6])
     return "__".join(parts)
 

@@ -54,6 +54,10 @@ class PointSpec:
     max_new_tokens: int | None
     decode_batch_size: int
     decode_memory: float | None
+    # A conversation's turns asked on their own (independent) or in order on one cache (multi), and under multi the
+    # earlier answers the cache holds (reference or model).
+    turns: str
+    history: str
     # What the run does with earlier sessions' rows and with failures (the recorder reads these).
     overwrite: bool
     retry_errors: bool
@@ -84,6 +88,8 @@ COPIED_SETTINGS = (
     "max_context_length",
     "decode_batch_size",
     "decode_memory",
+    "turns",
+    "history",
     "overwrite",
     "retry_errors",
     "fail_fast",

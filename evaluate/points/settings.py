@@ -41,6 +41,8 @@ class Settings:
     max_context_length: int | None = MISSING
     truncation: str = MISSING
     max_new_tokens: int | None = MISSING
+    turns: str = MISSING
+    history: str = MISSING
     overwrite: bool = MISSING
     decode_batch_size: int = MISSING
     decode_memory: float | None = MISSING
