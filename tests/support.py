@@ -145,3 +145,51 @@ class FailingScorer(SnapKVPress):
 
     def score(self, *args, **kwargs):
         raise RuntimeError("this scorer always fails")
+
+
+@dataclass
+class ConversationBenchmark:
+    """``contexts`` documents (default 2) with a conversation of ``turns`` turns each (default 3): turn k asks for
+    the number of key k, which the document holds; every turn has its own question, answer prefix and reference."""
+
+    name: str = "conversations"
+    fraction_by_task: ClassVar[bool] = False
+    scored_on_references: ClassVar[bool] = True
+    contexts: int = 2
+    turns: int = 3
+    max_new_tokens: int = 6
+
+    def load(self, tokenizer, limit: int | None = None) -> list[Sample]:
+        samples = []
+        for c in range(self.contexts if limit is None else min(limit, self.contexts)):
+            numbers = [str(100 * c + 11 * k + 7) for k in range(self.turns)]
+            facts = "".join(f"Key {k} of document {c} holds {number}.\n" for k, number in enumerate(numbers))
+            context = f"Document {c}.\n" + FILLER * 3 + facts + FILLER
+            for k, number in enumerate(numbers):
+                samples.append(
+                    Sample(
+                        id=f"doc-{c}-turn-{k}",
+                        task="niah_turns",
+                        context=context,
+                        question=f"Key {k}? ",
+                        answer_prefix=f"K{k}:",
+                        answers=[number],
+                        max_new_tokens=self.max_new_tokens + k,
+                        conversation=f"doc-{c}",
+                        turn=k,
+                    )
+                )
+        return samples
+
+    def score(self, rows: list[dict]) -> dict:
+        return score_predictions(rows, benchmark=self.name)
+
+    def reference_answer(self, sample: Sample) -> str:
+        return sample.answers[0]
+
+
+def with_conversations(cfg, **fields):
+    """Swap the composed benchmark for ``ConversationBenchmark`` (``fields`` set its sizes)."""
+    cfg.benchmark = OmegaConf.create({"_target_": "tests.support.ConversationBenchmark", "name": "conversations"})
+    cfg.benchmark.update(fields)
+    return cfg

@@ -1,5 +1,7 @@
 """Which of a benchmark's rows a run answers, as kvpress's evaluate.py selects them: its ``fraction`` of each
-data_dir's rows, at most ``limit`` per task, each checked and its text made valid Unicode where it enters."""
+data_dir's rows, at most ``limit`` per task, each checked and its text made valid Unicode where it enters.
+
+A conversation (samples with turns, one row of SCBench's data) is one row here: drawn or left out whole."""
 
 from dataclasses import replace
 
@@ -33,6 +35,7 @@ def check_samples(samples: list[Sample]) -> list[Sample]:
         seen.add(sample.id)
         if not sample.context.strip():
             raise ConfigError(f"sample {sample.id!r} has an empty context")
+    check_conversations(samples)
     return [
         replace(
             sample,
@@ -45,6 +48,28 @@ def check_samples(samples: list[Sample]) -> list[Sample]:
     ]
 
 
+def _row(sample: Sample) -> str:
+    """The source row a sample comes from: its conversation's, or its own."""
+    return sample.conversation if sample.conversation is not None else sample.id
+
+
+def check_conversations(samples: list[Sample]) -> None:
+    """Refuse a conversation whose turns are not 0, 1, ... once each on one context: its turns could not be asked
+    in order on one cache."""
+    turns: dict[str, list[Sample]] = {}
+    for sample in samples:
+        if (sample.conversation is None) != (sample.turn is None):
+            raise ConfigError(f"sample {sample.id!r} has a conversation or a turn, not both; give both or neither")
+        if sample.conversation is not None:
+            turns.setdefault(sample.conversation, []).append(sample)
+    for conversation, members in turns.items():
+        numbers = sorted(sample.turn for sample in members)
+        if numbers != list(range(len(members))):
+            raise ConfigError(f"conversation {conversation!r} has turns {numbers}; its turns are 0, 1, ... once each")
+        if len({sample.context for sample in members}) > 1:
+            raise ConfigError(f"conversation {conversation!r}'s turns have different contexts; they share one")
+
+
 def select_fraction(samples: list[Sample], fraction: float, seed: int, by_task: bool) -> list[Sample]:
     """kvpress's ``fraction``: pandas ``sample(frac=fraction, random_state=seed)`` of each data_dir's rows.
 
@@ -54,25 +79,29 @@ def select_fraction(samples: list[Sample], fraction: float, seed: int, by_task: 
     """
     if fraction >= 1:
         return samples
-    frames: dict[str, list[Sample]] = {}
+    frames: dict[str, list[str]] = {}
     for sample in samples:
-        frames.setdefault(sample.task if by_task else "", []).append(sample)
+        frame = frames.setdefault(sample.task if by_task else "", [])
+        if _row(sample) not in frame[-1:]:  # a conversation's turns follow each other
+            frame.append(_row(sample))
     chosen: set[str] = set()
     for frame in frames.values():
         positions = pd.DataFrame({"position": range(len(frame))}).sample(frac=fraction, random_state=seed)["position"]
-        chosen.update(frame[position].id for position in positions)
-    return [sample for sample in samples if sample.id in chosen]
+        chosen.update(frame[position] for position in positions)
+    return [sample for sample in samples if _row(sample) in chosen]
 
 
 def first_per_task(samples: list[Sample], limit: int | None) -> list[Sample]:
-    """At most ``limit`` samples of each task, in source order."""
+    """At most ``limit`` samples (conversations) of each task, in source order."""
     if limit is None:
         return samples
-    counts: dict[str, int] = {}
+    rows: dict[str, list[str]] = {}
     kept = []
     for sample in samples:
-        counts[sample.task] = counts.get(sample.task, 0) + 1
-        if counts[sample.task] <= limit:
+        task_rows = rows.setdefault(sample.task, [])
+        if _row(sample) not in task_rows[-1:]:
+            task_rows.append(_row(sample))
+        if len(task_rows) <= limit:
             kept.append(sample)
     return kept
 

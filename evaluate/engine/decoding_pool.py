@@ -135,19 +135,19 @@ class DecodingPool:
         finished: list[FinishedRow] = []
         with torch.no_grad(), pool_attention_active(self.model), self._layer_inputs() as inputs:
             finished += self._admit(inputs)
-            if any(row is not None for row in self.rows):
+            # A conversation's row that finished a turn in that pass waits, paused, for its next question pass.
+            decoding = [slot for slot, row in enumerate(self.rows) if row is not None and not row.asking]
+            if decoding:
                 self.cache.masked = {
                     slot: row.compression.masked
-                    for slot, row in enumerate(self.rows)
-                    if row is not None and row.compression is not None and any(row.compression.masked)
+                    for slot in decoding
+                    if (row := self.rows[slot]).compression is not None and any(row.compression.masked)
                 }
-                tokens = self.runner.decode(self.cache, self.rows)
+                tokens = self.runner.decode(self.cache, [self.rows[slot] for slot in decoding])
                 self.cache.masked = {}
-                served = [(slot, row, slot, 1) for slot, row in enumerate(self.rows) if row is not None]
-                self._compress(inputs, served)
-                for slot, (row, token) in enumerate(zip(self.rows, tokens, strict=True)):
-                    if row is not None:
-                        finished += self._append(slot, row, token)
+                self._compress(inputs, [(slot, self.rows[slot], slot, 1) for slot in decoding])
+                for slot in decoding:
+                    finished += self._append(slot, self.rows[slot], tokens[slot])
             self._compact()
         return finished
 
@@ -172,8 +172,30 @@ class DecodingPool:
         self.rows = [self.rows[slot] for slot in occupied] + [None] * (slots - len(occupied))
 
     def _admit(self, inputs: LayerInputs | None = None) -> list[FinishedRow]:
-        if not self.waiting:
+        """Waiting rows into free slots, then one question pass for every row that asks: those, and the rows of
+        conversations that moved on to their next turn."""
+        if self.waiting:
+            self._load_arrivals()
+        joining = [slot for slot, row in enumerate(self.rows) if row is not None and row.asking]
+        if not joining:
             return []
+        rows = [self.rows[slot] for slot in joining]
+        for slot in joining:
+            self.cache.set_live(slot, 1)
+        outputs = self.runner.ask_questions(self.cache, joining, rows)
+        pairs = enumerate(zip(joining, rows, strict=True))
+        self._compress(inputs, [(slot, row, line, row.input_ids.shape[1]) for line, (slot, row) in pairs])
+        finished = []
+        for slot, row, output in zip(joining, rows, outputs, strict=True):
+            row.asking = False
+            if row.request.answer_ids is None:
+                finished += self._append(slot, row, output)
+            else:
+                finished.append(self._leave(slot, row, output))
+        self._arrange()
+        return finished
+
+    def _load_arrivals(self) -> None:
         active = sum(row is not None for row in self.rows)
         capacity = max([self.cache.capacity if self.cache is not None else 0] + [r.slot_length() for r in self.waiting])
         # As many slots as the batch size, the work at hand and the memory budget allow.
@@ -181,7 +203,6 @@ class DecodingPool:
         if self.cache is None or slots > self.cache.slots or capacity > self.cache.capacity:
             # Grown in steps, so that a slowly rising need does not copy the buffer at every admission.
             self._resize(slots, capacity if self.cache is None else max(capacity, self.cache.capacity * 5 // 4))
-        joining = []
         free = [slot for slot, row in enumerate(self.rows) if row is None]
         arrivals = [self.waiting.popleft() for _ in range(min(len(free), len(self.waiting)))]
         # Widest first, the order _arrange keeps: a pool filled at once moves no row.
@@ -189,22 +210,6 @@ class DecodingPool:
             self.waiting_bytes -= request.nbytes
             self.cache.load(slot, request)
             self.rows[slot] = RunningRow(request)
-            joining.append(slot)
-        if not joining:
-            return []
-        rows = [self.rows[slot] for slot in joining]
-        outputs = self.runner.ask_questions(self.cache, joining, rows)
-        pairs = enumerate(zip(joining, rows, strict=True))
-        served = [(slot, row, line, row.request.input_ids.shape[1]) for line, (slot, row) in pairs]
-        self._compress(inputs, served)
-        finished = []
-        for slot, row, output in zip(joining, rows, outputs, strict=True):
-            if row.request.answer_ids is None:
-                finished += self._append(slot, row, output)
-            else:
-                finished.append(self._leave(slot, row, output))
-        self._arrange()
-        return finished
 
     def _affordable(self, capacity: int) -> int:
         """How many slots of ``capacity`` positions the memory budget holds beside the waiting rows (at least one)."""
@@ -229,19 +234,39 @@ class DecodingPool:
         self.rows = [self.rows[source] for source in order]
 
     def _append(self, slot: int, row: RunningRow, token: int) -> list[FinishedRow]:
-        row.tokens.append(token)
-        row.cost.generated_tokens += 1
-        if _finished(row.tokens, row.request.max_new_tokens, self.stop_ids):
+        if row.forced is not None:  # a replayed turn feeds back its recorded answer, not its greedy one
+            token = row.forced[len(row.tokens)]
+            self.cache.tokens[slot] = token
+            row.tokens.append(token)
+            done = len(row.tokens) == len(row.forced)
+        else:
+            row.tokens.append(token)
+            row.cost.generated_tokens += 1
+            done = _finished(row.tokens, row.max_new_tokens, self.stop_ids)
+        if not done:
+            return []
+        conversation = row.request.conversation
+        if conversation is None or conversation.last_turn:
             return [self._leave(slot, row, row.tokens)]
-        return []
+        answered = [] if row.forced is not None else [self._answered(slot, row, list(row.tokens))]
+        # The next turn: what leaves the cache of this answer, then the row waits for its next question pass.
+        self.cache.crop(slot, row.next_turn())
+        self.cache.set_live(slot, 0)
+        row.asking = True
+        return answered
 
-    def _leave(self, slot: int, row: RunningRow, output) -> FinishedRow:
+    def _answered(self, slot: int, row: RunningRow, output) -> FinishedRow:
+        """A row's answer as it stands in its slot: for a decoding press, with the lengths and masks it left."""
         final, masks = None, None
         if row.compression is not None:
             final, masks = tuple(self.cache.host_lengths[:, slot].tolist()), tuple(row.compression.masked)
+        return FinishedRow(row.request.tag, output, row.cost, final, masks, row.turn)
+
+    def _leave(self, slot: int, row: RunningRow, output) -> FinishedRow:
+        finished = self._answered(slot, row, output)
         self.rows[slot] = None
         self.cache.free(slot)
-        return FinishedRow(row.request.tag, output, row.cost, final, masks)
+        return finished
 
     def _compact(self) -> None:
         """Once no row waits and most slots are idle, decode the remaining rows in a smaller buffer."""

@@ -44,14 +44,15 @@ class ModelRunner:
 
     @staticmethod
     def _question_inputs(device: torch.device, rows: list[RunningRow]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-        """The joining rows' input ids and positions, left-padded to the longest, and each row's real length."""
-        lengths = [row.request.input_ids.shape[1] for row in rows]
+        """The joining rows' input ids and positions, left-padded to the longest, and each row's real length (a
+        conversation's row runs its current turn's input, where its previous turn ended)."""
+        lengths = [row.input_ids.shape[1] for row in rows]
         width = max(lengths)
         input_ids = torch.zeros(len(rows), width, dtype=torch.long, device=device)
         position_ids = torch.zeros(len(rows), width, dtype=torch.long, device=device)
         for index, (row, length) in enumerate(zip(rows, lengths, strict=True)):
-            input_ids[index, width - length :] = row.request.input_ids[0].to(device)
-            start = row.request.context_length
+            input_ids[index, width - length :] = row.input_ids[0].to(device)
+            start = row.start_position
             position_ids[index, width - length :] = torch.arange(start, start + length, device=device)
         return input_ids, position_ids, lengths
 

@@ -20,11 +20,12 @@ from evaluate.engine.cost import Cost, kv_bytes, measure_kept_ratio
 from evaluate.engine.decoding_compression import kept_after_answer
 from evaluate.engine.decoding_pool import DecodingPool
 from evaluate.engine.devices import cuda_devices, input_device
-from evaluate.engine.pipeline_engine import chat_template_enabled, make_pipeline, pipeline_budget
+from evaluate.engine.pipeline_engine import chat_template_enabled, conversation_of, make_pipeline, pipeline_budget
 from evaluate.engine.prefill import PrefillCapture, QuestionIds, RandomStream, clear_masks, compressed_cache
 from evaluate.engine.requests import AnsweredGroup, DecodeRequest, GeneratedAnswer, Prefilled, RowCost, hidden_keys
 from evaluate.engine.score_memo import ScoreMemo
 from evaluate.engine.teacher_forcing import forcing_pool, likelihood_fields, reference_answer_ids, teacher_forced
+from evaluate.engine.turns import Conversation
 from evaluate.points.budget import apply_budget
 from evaluate.points.plan import Plan
 from evaluate.points.press_traits import decoding_part, prefill_part
@@ -51,7 +52,8 @@ class GroupAnswers:
         cost = self.result.cost
         if kept is not None:
             self.result.kept_ratio = kept[0]
-            cost.kv_bytes_held = cost.kv_bytes_kept = kept[1]
+            if cost.kv_bytes_held:  # a conversation's later turns carry none: its context's bytes count once
+                cost.kv_bytes_held = cost.kv_bytes_kept = kept[1]
         cost.decode_seconds += row_cost.decode_seconds
         cost.forward_passes += row_cost.forward_passes
         cost.generated_tokens += row_cost.generated_tokens
@@ -131,8 +133,8 @@ class PoolLoop:
         self.pool = pool
         self.outstanding: list[GroupAnswers] = []
 
-    def submit(self, answers: GroupAnswers, requests: list[DecodeRequest]) -> None:
-        self.outstanding.append(answers)
+    def submit(self, answers: list[GroupAnswers], requests: list[DecodeRequest]) -> None:
+        self.outstanding += answers
         for request in requests:
             self.pool.submit(request)
 
@@ -152,7 +154,7 @@ class PoolLoop:
             self.outstanding.clear()
             return failed
         for row in finished:
-            answers, index = row.tag
+            answers, index = row.tag if row.turn is None else row.tag[row.turn]
             kept = None
             if row.final_lengths is not None:
                 kept = kept_after_answer(
@@ -209,7 +211,7 @@ class PoolEngine:
                 context = self._prefill(pipe, forcing, key, members)
             except Exception as failure:
                 share = Cost(prefill_seconds=(time.perf_counter() - start) / len(members))
-                yield from (_failed(point, group, failure, share) for point, _, group in members)
+                yield from (_failed(point, plan.asked(group), failure, share) for point, plan, group in members)
                 continue
             # Scores every point of this context shares; the first point to ask pays for them.
             scores = ScoreMemo(context.capture.captured)
@@ -263,8 +265,10 @@ class PoolEngine:
         group given back at once: failed, or generate=false)."""
         point, plan, group = member
         start = time.perf_counter()
+        multi = plan.spec.turns == "multi"
         try:
-            ids = context.question_ids(group, plan.spec.query_aware)
+            # A conversation's first turn asks as kvpress's pipeline asks; its later turns follow (turns.py).
+            ids = context.question_ids(group[:1] if multi else group, plan.spec.query_aware)
             if plan.spec.budget is not None:  # this context's own ratio (decoding-time presses take no budget)
                 apply_budget(plan.press, context.length, plan.spec.budget)
             with torch.no_grad(), stream.active():
@@ -280,7 +284,7 @@ class PoolEngine:
             )
         except Exception as failure:
             elapsed = time.perf_counter() - start
-            yield _failed(point, group, failure, context.cost(compress_seconds=elapsed))
+            yield _failed(point, plan.asked(group), failure, context.cost(compress_seconds=elapsed))
             return
         finally:
             clear_masks(self.layers)
@@ -294,6 +298,15 @@ class PoolEngine:
         decoding = decoding_part(plan.press)
         # A row compressed while decoding measures what its answer left against this cache (GroupAnswers.arrive).
         prefill_cache = cache if decoding is not None else None
+        if multi:
+            try:
+                conversation = conversation_of(plan, group, ids[0], self.tokenizer, loop.pool.stop_ids)
+            except ValueError as failure:
+                yield from (_failed(point, [sample], failure, Cost()) for sample in plan.asked(group))
+                return
+            request = DecodeRequest(cache, ids[0], context.length, 0, hidden, decoding=decoding)
+            loop.submit(*self._turns(result, conversation, request, prefill_cache))
+            return
         answers = GroupAnswers(result, self.tokenizer, pending=len(ids), prefill_cache=prefill_cache)
         requests = [
             DecodeRequest(
@@ -301,4 +314,20 @@ class PoolEngine:
             )
             for index, question in enumerate(ids)
         ]
-        loop.submit(answers, requests)
+        loop.submit([answers], requests)
+
+    def _turns(
+        self, result: AnsweredGroup, conversation: Conversation, request: DecodeRequest, prefill_cache
+    ) -> tuple[list[GroupAnswers], list[DecodeRequest]]:
+        """A conversation's row (evaluate/engine/turns.py), and each turn it answers as a group of its own, recorded
+        as soon as the turn is answered; the first answered turn carries the context's cost."""
+        answers, tags, cost = [], [], result.cost
+        for turn, sample in enumerate(result.group):
+            if conversation.recorded[turn] is not None:  # replayed from an earlier session's record
+                tags.append(None)
+                continue
+            group = AnsweredGroup(result.point, [sample], [None], result.kept_ratio, result.context_length, cost)
+            cost = Cost()
+            answers.append(GroupAnswers(group, self.tokenizer, pending=1, prefill_cache=prefill_cache))
+            tags.append((answers[-1], 0))
+        return answers, [replace(request, tag=tags, conversation=conversation)]

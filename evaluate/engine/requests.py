@@ -9,6 +9,7 @@ from transformers import DynamicCache
 
 from evaluate.engine.cost import Cost
 from evaluate.engine.decoding_compression import RowCompression, decoding_slot_length
+from evaluate.engine.turns import Conversation
 
 
 @dataclass
@@ -35,6 +36,10 @@ class DecodeRequest:
 
     With ``decoding`` (a kvpress ``DecodingPress``) the row compresses its own cache while it decodes, on its own
     schedule (evaluate/engine/decoding_compression.py).
+
+    With ``conversation`` the row asks a conversation's turns one after the other on its cache
+    (evaluate/engine/turns.py): ``question_ids`` is then the first turn's input, and ``tag`` a list with each turn's
+    tag (None for a turn replayed from an earlier session's record).
     """
 
     cache: DynamicCache | None  # None once the pool holds it in a slot (RunningRow)
@@ -45,6 +50,7 @@ class DecodeRequest:
     answer_ids: torch.Tensor | None = None
     tag: object = None
     decoding: DecodingPress | None = None
+    conversation: Conversation | None = None
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -63,6 +69,8 @@ class DecodeRequest:
         # columns write into (SlotCache.update).
         answer = self.max_new_tokens if self.answer_ids is None else 1
         longest = max(layer.keys.shape[2] for layer in self.cache.layers)
+        if self.conversation is not None:
+            return self.conversation.slot_length(longest)
         if self.decoding is not None and self.answer_ids is None:
             return decoding_slot_length(self.decoding, longest, self.input_ids.shape[1], self.max_new_tokens)
         return longest + self.input_ids.shape[1] + answer
@@ -71,7 +79,8 @@ class DecodeRequest:
 @dataclass
 class RunningRow:
     """A request while it holds a slot: the tokens so far, its cost, its slot's length, and its decoding-compression
-    state if its request has a decoding press.
+    state if its request has a decoding press; the input its next question pass runs and that input's first position
+    (a conversation's turn after turn), and the tokens a replayed turn feeds back instead of its greedy ones.
 
     Made once the slot holds the request's keys and values: the row keeps its request without the cache, which
     would otherwise stay in memory beside its slot's copy until the row leaves (the cache is freed once no waiting
@@ -82,18 +91,46 @@ class RunningRow:
     cost: RowCost = field(default_factory=RowCost)
     compression: RowCompression | None = None
     slot_length: int = 0
+    input_ids: torch.Tensor | None = None
+    start_position: int = 0
+    forced: tuple[int, ...] | None = None
+    asking: bool = True
 
     def __post_init__(self) -> None:
         self.slot_length = self.request.slot_length()
         if self.request.decoding is not None and self.request.answer_ids is None and self.compression is None:
             self.compression = RowCompression(self.request.decoding, len(self.request.cache.layers))
+        self.input_ids, self.start_position = self.request.input_ids, self.request.context_length
+        conversation = self.request.conversation
+        if conversation is not None:
+            conversation.start(self.request.context_length)
+            self.input_ids, self.forced = conversation.input_ids, conversation.forced()
         self.request = replace(self.request, cache=None, hidden=())
+
+    @property
+    def turn(self) -> int | None:
+        return None if self.request.conversation is None else self.request.conversation.turn
+
+    @property
+    def max_new_tokens(self) -> int:
+        conversation = self.request.conversation
+        return self.request.max_new_tokens if conversation is None else conversation.max_new_tokens[conversation.turn]
+
+    def next_turn(self) -> int:
+        """Move on to the conversation's next turn; returns how many of the slot's last positions to drop."""
+        conversation = self.request.conversation
+        dropped = conversation.next_turn(self.tokens)
+        self.tokens, self.cost = [], RowCost()
+        self.input_ids, self.start_position = conversation.input_ids, conversation.position
+        self.forced = conversation.forced()
+        return dropped
 
 
 @dataclass
 class FinishedRow:
     """What a pool step gives back for a row that left: the greedy tokens (or the teacher-forced log-probabilities),
-    its cost, and its request's ``tag``; for a row that compressed while decoding, each layer's length when it left
+    its cost, and its request's ``tag`` (a conversation's: the ``turn`` answered); for a row that compressed while
+    decoding, each layer's length when it left
     (``final_lengths``) and the keys its last compression masked on each layer (``final_masks``, AdaKV's)."""
 
     tag: object
@@ -101,6 +138,7 @@ class FinishedRow:
     cost: RowCost
     final_lengths: tuple[int, ...] | None = None
     final_masks: tuple | None = None
+    turn: int | None = None
 
 
 def hidden_keys(attention_modules) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, ...]:

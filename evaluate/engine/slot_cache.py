@@ -188,7 +188,7 @@ class SlotCache:
                 visible[masked] = False
             self.lengths[layer_idx][slot] = length
             self.host_lengths[layer_idx, slot] = length
-        self._set_live(slot, 1)
+        self.set_live(slot, 1)
 
     def free(self, slot: int) -> None:
         """An empty slot still decodes (its output is discarded) and must see one key to keep its softmax finite."""
@@ -197,9 +197,20 @@ class SlotCache:
             visible[slot, :, 0] = True
             lengths[slot] = 0
         self.host_lengths[:, slot] = 0
-        self._set_live(slot, 0)
+        self.set_live(slot, 0)
 
-    def _set_live(self, slot: int, live: int) -> None:
+    def crop(self, slot: int, count: int) -> None:
+        """Drop a row's last ``count`` positions on every layer (a conversation's answer, under history=reference)."""
+        if not count:
+            return
+        for layer_idx, (visible, lengths) in enumerate(zip(self.visible, self.lengths, strict=True)):
+            length = int(self.host_lengths[layer_idx, slot]) - count
+            visible[slot, :, length:] = False
+            lengths[slot] = length
+            self.host_lengths[layer_idx, slot] = length
+
+    def set_live(self, slot: int, live: int) -> None:
+        """Whether a slot's row decodes in the next step (0: free, or waiting for its question pass)."""
         for copy in self.live_on.values():
             copy[slot] = live
         self.host_live[slot] = live

@@ -33,6 +33,7 @@ from evaluate.points.press_traits import (
     needs_eager,
     needs_non_eager,
     needs_query_aware,
+    why_not_multi_turn,
     why_not_teacher_forced,
 )
 
@@ -237,6 +238,9 @@ def validate(cfg: DictConfig) -> None:
     if why_not and cfg.likelihood:
         logger.warning("%s gets no likelihood fields: %s", method_name(cfg), why_not)
     validate_press(cfg, press, method_name(cfg))
+    why_not = why_not_multi_turn(press, cfg.history) if cfg.turns == "multi" else None
+    if why_not:
+        raise ConfigError(f"turns=multi cannot run {method_name(cfg)}: {why_not}")
     if needs_non_eager(press) and attention_implementation(cfg) == "eager":
         raise ConfigError(
             f"press {method_name(cfg)} cannot run with attn_implementation=eager "

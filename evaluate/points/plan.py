@@ -9,7 +9,7 @@ recorder to write.
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,16 @@ def group_by_context(samples: list[Sample], query_aware: bool) -> list[list[Samp
     return list(groups.values())
 
 
+def conversations(samples: tuple[Sample, ...], todo: tuple[Sample, ...]) -> list[list[Sample]]:
+    """Each conversation with a turn left to answer, all its turns in order (those answered before are replayed)."""
+    pending = {sample.conversation for sample in todo}
+    turns: dict[str, list[Sample]] = {}
+    for sample in samples:
+        if sample.conversation in pending:
+            turns.setdefault(sample.conversation, []).append(sample)
+    return [sorted(members, key=lambda sample: sample.turn) for members in turns.values()]
+
+
 def truncate(tokenizer, text: str, max_tokens: int, policy: str) -> str:
     """Cut a context to ``max_tokens`` tokens: keep the head, or both ends as LongBench's pred.py does."""
     ids = tokenizer.encode(text, add_special_tokens=False)
@@ -58,7 +68,8 @@ class Plan:
     ``kept_rows`` are the prediction rows of earlier sessions that stay, every shard's (none under ``overwrite``;
     failed ones are dropped under ``retry_errors``); ``share`` are the samples this process answers, all of them
     unless it is one shard of several (evaluate/points/shard.py); ``todo`` are those of them still to answer, in
-    source order.
+    source order; ``answered_tokens`` the answer token ids the kept rows recorded, by sample id (a conversation
+    resumed under ``turns=multi`` replays them).
     """
 
     spec: PointSpec
@@ -70,6 +81,7 @@ class Plan:
     share: tuple[Sample, ...]
     todo: tuple[Sample, ...]
     context_tokens: Mapping[str, int]
+    answered_tokens: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def out(self) -> Path:
@@ -77,16 +89,26 @@ class Plan:
 
     def groups(self) -> list[list[Sample]]:
         """The samples answered together, in kvpress's order: row by row for decoding-time presses, else by
-        context in ``groupby("context")``'s sorted order (which decides what a press drawing random numbers draws)."""
+        context in ``groupby("context")``'s sorted order (which decides what a press drawing random numbers draws);
+        under ``turns=multi``, each conversation's turns, in the order of its compressed text."""
+        if self.spec.turns == "multi":
+            return sorted(conversations(self.share, self.todo), key=lambda turns: self.compressed_text(turns[0]))
         if decodes_per_sample(self.press):
             return [[sample] for sample in self.todo]
         groups = group_by_context(list(self.todo), self.spec.query_aware)
         return sorted(groups, key=lambda group: self.compressed_text(group[0]))
 
+    def asked(self, group: list[Sample]) -> list[Sample]:
+        """The samples of ``group`` still to answer: all of them, but for a conversation's turns answered before."""
+        todo = {sample.id for sample in self.todo}
+        return [sample for sample in group if sample.id in todo]
+
     @property
     def likelihood(self) -> bool:
         """Whether the rows get the likelihood fields (evaluate/engine/teacher_forcing.py)."""
-        return self.spec.likelihood and why_not_teacher_forced(self.press) is None
+        # A conversation's cache changes turn after turn: no fixed cache to teacher-force (docs/metrics.md).
+        multi = self.spec.turns == "multi"
+        return self.spec.likelihood and not multi and why_not_teacher_forced(self.press) is None
 
     def compressed_text(self, sample: Sample, context: str | None = None) -> str:
         """What the press compresses, as kvpress's runner builds it: the context (``context`` when cut), the press's

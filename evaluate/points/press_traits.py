@@ -12,11 +12,13 @@ from kvpress import (
     CAMPress,
     ChunkKVPress,
     DecodingPress,
+    DMSPress,
     DuoAttentionPress,
     ExpectedAttentionPress,
     FastKVzipPress,
     FinchPress,
     KeyDiffPress,
+    KeyRerotationPress,
     KnormPress,
     KVzapPress,
     LUKVPress,
@@ -254,4 +256,23 @@ def why_not_teacher_forced(press: BasePress | None) -> str | None:
     they can."""
     if decodes_per_sample(press):
         return "it compresses while decoding, so there is no fixed cache to teacher-force the answer on"
+    return None
+
+
+def why_not_multi_turn(press: BasePress | None, history: str) -> str | None:
+    """Why a conversation's turns cannot be asked on one cache under ``press`` with ``history`` (``turns=multi``,
+    evaluate/engine/turns.py); None when they can."""
+    for member in members(press):
+        if isinstance(member, (KeyRerotationPress, RestoreKVPress)) or getattr(member, "rerotate_keys", False):
+            return (
+                "kvpress asks its question at the compressed cache's length instead of the context's, a rule for one "
+                "question that a conversation's later turns have no counterpart of"
+            )
+        if isinstance(member, DMSPress):
+            return "kvpress's pipeline switches its compression while decoding by a flag of its own, not followed here"
+    if decoding_part(press) is not None and history == "reference":
+        return (
+            "it compresses each answer into the cache while decoding, so no reference answer can take the answer's "
+            "place; use history=model"
+        )
     return None

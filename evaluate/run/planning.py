@@ -15,6 +15,7 @@ from evaluate.errors import ConfigError
 from evaluate.points.config import build_press, press_sources, validate_budget, validate_context_lengths
 from evaluate.points.plan import Plan, context_id
 from evaluate.points.point import Point
+from evaluate.score.answer_length import TOKENS
 
 
 def sample_identity(sample: Sample) -> dict:
@@ -93,6 +94,11 @@ def make_plan(point: Point, tokenizer) -> Plan:
     shortest_context = min(context_tokens.values()) + (question_tokens if spec.query_aware else 0)
     validate_context_lengths(cfg, shortest_context)
     validate_budget(cfg, shortest_context)
+    if spec.turns == "multi" and any(sample.conversation is None for sample in samples):
+        raise ConfigError(
+            f"turns=multi asks a conversation's turns on one cache, and {benchmark.name}'s samples have no turns; "
+            "use benchmark=ruler_synth benchmark.turns=K (K >= 2) or benchmark=scbench, or drop turns=multi"
+        )
     kept = previous_rows(point)
     check_same_samples(out, kept, samples)
     done = {row["id"] for row in kept}
@@ -108,4 +114,6 @@ def make_plan(point: Point, tokenizer) -> Plan:
         share=share,
         todo=tuple(sample for sample in share if sample.id not in done),
         context_tokens=context_tokens,
+        # A conversation resumed at its first unanswered turn replays the answers its earlier turns recorded.
+        answered_tokens={row["id"]: tuple(row[TOKENS]) for row in kept if row.get(TOKENS) and not row.get("error")},
     )
