@@ -13,8 +13,10 @@ from typing import Literal
 Shown = Literal["number", "count", "mib"]
 
 
-def _cost(unit: str, meaning: str, shown: Shown = "number", column: str | None = None) -> dict:
-    return {"unit": unit, "meaning": meaning, "shown": shown, "column": column}
+def _cost(unit: str, meaning: str, shown: Shown = "number", column: str | None = None, optional: bool = False) -> dict:
+    """``optional``: measured for some runs only (conversations): a column of the report's cost table where one of
+    its runs has it."""
+    return {"unit": unit, "meaning": meaning, "shown": shown, "column": column, "optional": optional}
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,16 @@ class RunCost:
     )
     forward_passes_per_question: float | None = field(
         default=None, metadata=_cost("passes", "forward passes of the model per question answered (its share)")
+    )
+    prefills_per_conversation: float | None = field(
+        default=None,
+        metadata=_cost(
+            "prefills",
+            "prefills of a context per conversation answered (its share of shared ones): 1 under turns=multi, where "
+            "every turn reuses the cache; one per group of turns asked on its own under turns=independent; none "
+            "without conversations",
+            optional=True,
+        ),
     )
     kv_bytes_held_per_context: float | None = field(
         default=None,

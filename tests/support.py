@@ -14,7 +14,7 @@ from kvpress.utils import compute_n_kept
 from omegaconf import OmegaConf
 from transformers import DynamicCache
 
-from evaluate.benchmarks import Sample
+from evaluate.benchmarks import Benchmark, Sample
 from evaluate.benchmarks.ruler import score_predictions
 from evaluate.engine.prefill import PrefillCapture
 from evaluate.models.random_models import TinyRandomModel
@@ -148,11 +148,12 @@ class FailingScorer(SnapKVPress):
 
 
 @dataclass
-class ConversationBenchmark:
+class ConversationBenchmark(Benchmark):
     """``contexts`` documents (default 2) with a conversation of ``turns`` turns each (default 3): turn k asks for
     the number of key k, which the document holds; every turn has its own question, answer prefix and reference."""
 
     name: str = "conversations"
+    all_tasks: ClassVar[tuple[str, ...]] = ("niah_turns",)
     fraction_by_task: ClassVar[bool] = False
     scored_on_references: ClassVar[bool] = True
     contexts: int = 2

@@ -10,6 +10,8 @@ the same cache, on both of PressBench's paths.
 - A run killed mid-conversation resumes at its first unanswered turn, with an uninterrupted run's rows.
 """
 
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import DynamicCache
@@ -20,6 +22,8 @@ from evaluate.engine.turns import Conversation, follow_up_text
 from evaluate.errors import ConfigError
 from evaluate.models.random_models import build_tiny_tokenizer
 from evaluate.points.config import run_dir
+from evaluate.report.build import build_report, write_report
+from evaluate.report.runs import collect_runs
 from evaluate.run.entry import run
 from tests.kvpress_reference import LIVELY_MODEL
 from tests.support import ConversationBenchmark, compose_config, with_conversations, with_shared_context
@@ -191,3 +195,22 @@ def test_the_follow_up_is_the_chat_template_s_next_user_message():
     tokenizer = build_tiny_tokenizer()
     assert follow_up_text(tokenizer, True) == ("<|im_end|>\n<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n")
     assert follow_up_text(tokenizer, False) == ("\n", "\n")
+
+
+def test_the_cost_shows_one_prefill_per_conversation_against_one_per_turn_asked_on_its_own(tmp_path):
+    costs = {}
+    for turns in ("multi", "independent"):
+        cfg = with_conversations(
+            compose_config(tmp_path / turns, "limit=null", f"turns={turns}", *POINTS["query-agnostic"])
+        )
+        run(cfg)
+        costs[turns] = rundir.read_json(run_dir(cfg) / rundir.RUN)
+    assert (costs["multi"]["conversations"], costs["multi"]["contexts"]) == (2, 2)
+    assert costs["multi"]["prefills_per_conversation"] == 1.0
+    # Asked on its own, each turn has its own answer prefix, so its own prefill: three a conversation.
+    assert costs["independent"]["prefills_per_conversation"] == 3.0
+    assert costs["independent"]["contexts"] == 6
+    runs, skipped = collect_runs(tmp_path)
+    written = write_report(build_report(runs, skipped, 0, 0), tmp_path / "report", tmp_path, 0)
+    cost = next(Path(path) for path in written if Path(path).name == "cost.csv").read_text(encoding="utf-8")
+    assert "prefills_per_conversation" in cost.splitlines()[0]

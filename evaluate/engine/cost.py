@@ -23,6 +23,7 @@ class Cost:
     )
     generated_tokens: int = 0
     forward_passes: float = 0.0
+    prefills: float = 0.0  # a context's prefill passes (a point's share of one its sweep shares)
     kv_bytes_held: int = 0
     kv_bytes_kept: int = 0
 

@@ -343,6 +343,7 @@ def answer_with_pipeline(plan: Plan, model, tokenizer, budget: int) -> Iterator[
                 decode_seconds=time.perf_counter() - group_start - probe.seconds,
                 generated_tokens=probe.generated_tokens,
                 forward_passes=probe.forward_passes,
+                prefills=1,
                 kv_bytes_held=held,
                 kv_bytes_kept=kept,
             )
@@ -475,8 +476,8 @@ def _conversation(plan: Plan, pipe, tokens: GreedyTokens, probe: PrefillProbe, t
         prefilled = [SimpleNamespace(keys=layer.keys) for layer in cache.layers]
         # The context's bytes are counted once per conversation, on its first answered turn, as on the pool's path.
         held, kept = kv_bytes(model, cache)
-        cost = Cost(prefill_seconds=probe.seconds, forward_passes=probe.forward_passes, kv_bytes_held=held)
-        cost.kv_bytes_kept = kept
+        cost = Cost(prefill_seconds=probe.seconds, forward_passes=probe.forward_passes, prefills=1)
+        cost.kv_bytes_held, cost.kv_bytes_kept = held, kept
         conversation.start(context_length)
         decoding = isinstance(press, (DecodingPress, PrefillDecodingPress))
         with press(model) if decoding else nullcontext(), torch.no_grad():
@@ -494,6 +495,7 @@ def _conversation(plan: Plan, pipe, tokens: GreedyTokens, probe: PrefillProbe, t
                         if cost.kv_bytes_held:
                             cost.kv_bytes_held = cost.kv_bytes_kept = kept
                     result.cost, cost = cost, Cost()
+                    result.contexts = 1 if answered == 0 else 0  # the context's cost, once per conversation
                     answered += 1
                     yield result
                 if not conversation.last_turn:

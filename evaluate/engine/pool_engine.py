@@ -180,7 +180,9 @@ class PrefilledContext:
 
     def cost(self, **stages: float) -> Cost:
         """A point's share of the prefill (its time and its one forward pass), with the point's own stages."""
-        return Cost(prefill_seconds=self.prefill_share, forward_passes=1 / self.sharing, **stages)
+        return Cost(
+            prefill_seconds=self.prefill_share, forward_passes=1 / self.sharing, prefills=1 / self.sharing, **stages
+        )
 
 
 class PoolEngine:
@@ -327,6 +329,7 @@ class PoolEngine:
                 tags.append(None)
                 continue
             group = AnsweredGroup(result.point, [sample], [None], result.kept_ratio, result.context_length, cost)
+            group.contexts = 1 if answers == [] else 0  # the context's cost, once per conversation
             cost = Cost()
             answers.append(GroupAnswers(group, self.tokenizer, pending=1, prefill_cache=prefill_cache))
             tags.append((answers[-1], 0))

@@ -176,7 +176,8 @@ class GeneratedAnswer:
 class AnsweredGroup:
     """What the engine finished: one point's questions on one context, answered (or failed with ``failure``), with
     the likelihood fields of each sample where the point wants them, and the cost. ``generated`` holds each
-    answer's tokens (:class:`GeneratedAnswer`), None where nothing was generated (generate=false, a failure).
+    answer's tokens (:class:`GeneratedAnswer`), None where nothing was generated (generate=false, a failure);
+    ``contexts``, the compressed contexts whose cost and bytes it carries.
     ``point`` indexes the plans the engine was given; the run loop records it."""
 
     point: int
@@ -188,6 +189,7 @@ class AnsweredGroup:
     likelihood: list[dict] | None = None
     failure: Exception | None = None
     generated: list[GeneratedAnswer | None] | None = None
+    contexts: int = 1  # compressed contexts its cost covers: none for a conversation's later turns
 
 
 @dataclass

@@ -245,7 +245,9 @@ def cost_table(frame: pd.DataFrame) -> Table:
     those its press counts as kept, wall time and peak memory."""
     frame = run_level(frame).sort_values(["benchmark", "model", "method", "variant", "cr", "budget"], kind="stable")
     columns = ["benchmark", "model", "method", "variant", "query_aware", "cr", *budget_column(frame), "score"]
-    columns += COST_KEYS
+    # A cost only some runs measure (prefills per conversation) is a column where one of them is in the table.
+    keys = [key for key in COST_KEYS if not cost_metadata(key)["optional"] or frame[key].notna().any()]
+    columns += keys
     data = frame[columns].astype(budget_type(frame)).rename(columns=_CSV_NAMES)
     shown_as = {"number": fmt_number, "count": fmt_count, "mib": fmt_mib}
     # A token-budget run has no one ratio, a cr run no budget: "-" in the column that does not apply.
@@ -253,8 +255,8 @@ def cost_table(frame: pd.DataFrame) -> Table:
     shown = data.assign(
         score=data.score.map(fmt_number),
         **axes,
-        **{key: data[key].map(shown_as[cost_metadata(key)["shown"]]) for key in COST_KEYS},
-    ).rename(columns={key: cost_metadata(key)["column"] for key in COST_KEYS if cost_metadata(key)["column"]})
+        **{key: data[key].map(shown_as[cost_metadata(key)["shown"]]) for key in keys},
+    ).rename(columns={key: cost_metadata(key)["column"] for key in keys if cost_metadata(key)["column"]})
     notes = [
         "KV MiB per context: held is what the compressed cache physically stores (masking presses keep every pair), "
         "kept is what the press counts as kept. Seconds are each run's own share of a sweep's shared work."

@@ -80,6 +80,7 @@ class RunStats:
     cost: Cost = field(default_factory=Cost)
     contexts: int = 0
     questions: int = 0
+    conversations: int = 0
     sessions: int = 0
     started_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     earlier_wall_seconds: float = 0.0
@@ -104,6 +105,7 @@ class RunStats:
             cost=Cost(**{f.name: totals.get(f.name) or 0 for f in fields(Cost)}),
             contexts=previous.get("contexts", 0),
             questions=previous.get("questions", 0),
+            conversations=previous.get("conversations", 0),
             sessions=previous.get("sessions", 0) + 1,
             started_at=previous.get("started_at") or datetime.now(timezone.utc).isoformat(timespec="seconds"),
             earlier_wall_seconds=previous.get("wall_seconds") or 0.0,
@@ -118,6 +120,7 @@ class RunStats:
             cost=sum((part.cost for part in parts), Cost()),
             contexts=sum(part.contexts for part in parts),
             questions=sum(part.questions for part in parts),
+            conversations=sum(part.conversations for part in parts),
             sessions=sum(part.sessions - 1 for part in parts),
             started_at=min((part.started_at for part in parts), default=cls().started_at),
             earlier_wall_seconds=sum(part.earlier_wall_seconds for part in parts),
@@ -137,12 +140,16 @@ class RunStats:
             if cost.decode_seconds
             else None,
             forward_passes_per_question=round(cost.forward_passes / self.questions, 4) if self.questions else None,
+            prefills_per_conversation=round(cost.prefills / self.conversations, 3) if self.conversations else None,
             kv_bytes_held_per_context=round(cost.kv_bytes_held / self.contexts) if self.contexts else None,
             kv_bytes_kept_per_context=round(cost.kv_bytes_kept / self.contexts) if self.contexts else None,
             wall_seconds=round(self.wall_seconds, 3),
             peak_memory_mb=round(peak_memory_mb, 1),
         )
-        return {**costs.record(), "contexts": self.contexts, "questions": self.questions, "totals": asdict(cost)}
+        counts = {"contexts": self.contexts, "questions": self.questions}
+        if self.conversations:
+            counts["conversations"] = self.conversations
+        return {**costs.record(), **counts, "totals": asdict(cost)}
 
 
 @dataclass
@@ -208,6 +215,8 @@ class Recorder:
         share = {sample.id for sample in plan.share}
         self.kept_rows = [row for row in plan.kept_rows if row["id"] in share]
         self.done_ids = {row["id"] for row in self.kept_rows}
+        # Conversations with an answered turn: what prefills per conversation are counted over.
+        self.conversations = {row["conversation"] for row in self.kept_rows if row.get("conversation")}
         self.n_errors = sum(1 for row in self.kept_rows if row.get("error"))
         self.unanswered = 0  # samples an environment failure left for the rerun
         self.environment_error: str | None = None
@@ -289,8 +298,11 @@ class Recorder:
         self.n_errors += len(group) if error else 0
         self.stats.add(result.cost)
         if not error:
-            self.stats.contexts += 1
+            self.stats.contexts += result.contexts
             self.stats.questions += len(group)
+            new = {sample.conversation for sample in group if sample.conversation} - self.conversations
+            self.conversations |= new
+            self.stats.conversations += len(new)
         self.done_ids.update(sample.id for sample in group)
         self._write_run("running")
         self.tracker.log_progress(
