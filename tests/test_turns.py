@@ -24,7 +24,7 @@ from evaluate.models.random_models import build_tiny_tokenizer
 from evaluate.points.config import run_dir
 from evaluate.report.build import build_report, write_report
 from evaluate.report.runs import collect_runs
-from evaluate.run.entry import run
+from evaluate.run.entry import run, run_sweep
 from tests.kvpress_reference import LIVELY_MODEL
 from tests.support import ConversationBenchmark, compose_config, with_conversations, with_shared_context
 
@@ -214,3 +214,27 @@ def test_the_cost_shows_one_prefill_per_conversation_against_one_per_turn_asked_
     written = write_report(build_report(runs, skipped, 0, 0), tmp_path / "report", tmp_path, 0)
     cost = next(Path(path) for path in written if Path(path).name == "cost.csv").read_text(encoding="utf-8")
     assert "prefills_per_conversation" in cost.splitlines()[0]
+
+
+SWEEP = [("press=none",), ("press=topk", "cr=0.5"), ("press=topk", "cr=0.8"), ("press=adakv", "cr=0.5"), DECODING]
+
+
+def test_a_sweep_of_conversations_shares_each_prefill_and_equals_each_point_run_alone(tmp_path, caplog):
+    def configs(output_dir):
+        common = ("limit=null", LIVELY, "turns=multi", "history=model", "dtype=float64")
+        return [with_conversations(compose_config(output_dir, *common, *point)) for point in SWEEP]
+
+    swept = configs(tmp_path / "sweep")
+    with caplog.at_level("INFO"):
+        run_sweep(swept)
+    # Two conversations, each prefilled once for every point.
+    assert "2 contexts prefilled, once each, for 5 points" in caplog.text
+    for cfg, alone in zip(swept, configs(tmp_path / "alone"), strict=True):
+        run(alone)
+        by_id = {row["id"]: row["prediction"] for row in rows_of(alone)}
+        assert {row["id"]: row["prediction"] for row in rows_of(cfg)} == by_id, run_dir(cfg).name
+
+
+def test_a_pool_with_room_for_one_row_answers_conversations_alike(tmp_path):
+    overrides = ("turns=multi", *POINTS["adakv"])
+    assert answered(tmp_path / "one", *overrides, "decode_memory=0.000001") == answered(tmp_path / "many", *overrides)
