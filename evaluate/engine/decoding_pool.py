@@ -130,8 +130,9 @@ class DecodingPool:
         return dropped
 
     def step(self) -> list[FinishedRow]:
-        """Admit waiting rows into free slots (their questions in one pass), then decode one token for every row;
-        returns the rows that finished."""
+        """Admit waiting rows into free slots and run the questions of every row that asks (new rows, and
+        conversations' rows at their next turn) in one pass, then decode one token for every other row; returns the
+        rows that finished (a conversation's: each turn it answered)."""
         finished: list[FinishedRow] = []
         with torch.no_grad(), pool_attention_active(self.model), self._layer_inputs() as inputs:
             finished += self._admit(inputs)

@@ -120,7 +120,9 @@ class RunningRow:
         """Move on to the conversation's next turn; returns how many of the slot's last positions to drop."""
         conversation = self.request.conversation
         dropped = conversation.next_turn(self.tokens)
-        self.tokens, self.cost = [], RowCost()
+        if self.forced is None:  # a replayed turn's passes go to the next answered turn, as on the pipeline's path
+            self.cost = RowCost()
+        self.tokens = []
         self.input_ids, self.start_position = conversation.input_ids, conversation.position
         self.forced = conversation.forced()
         return dropped
