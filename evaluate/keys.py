@@ -45,3 +45,10 @@ RUNNER_KNOBS = frozenset(
 # What chooses the press and how much it removes (a ratio, or a token budget): a run and its uncompressed baseline
 # differ in these alone.
 PRESS_KEYS = frozenset({"press", "scorer", "cr", "budget", *RUNNER_KNOBS})
+
+
+def without_single_turn(benchmark: dict) -> dict:
+    """A benchmark's settings without ``turns: 1`` (ruler_synth's one question per context), which every run
+    recorded before ``benchmark.turns`` existed ran with: those runs and today's single-turn runs are one configuration
+    to the fingerprint, the baseline and the report alike."""
+    return {key: value for key, value in benchmark.items() if (key, value) != ("turns", 1)}

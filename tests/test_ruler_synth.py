@@ -5,7 +5,7 @@ tokens than a real BPE tokenizer. That makes some RULER rules infeasible with it
 RULER itself: vt's in-context example has a fixed 500-token budget that its template alone nearly fills, cwe's
 40-word few-shot example plus 10 words x 30 repetitions exceed 4096 tokens, and the smallest essay haystack
 (500 words) or QA haystack (10 documents) exceeds 2048 tokens. For those tasks the tests use
-``word_tokenizer``, one token per word or punctuation run, which is closer to real token counts.
+``word_tokenizer`` (conftest too), one token per word or punctuation run, which is closer to real token counts.
 
 QA tasks read the small SQuAD / HotpotQA files written for these tests in ``tests/fixtures/ruler_qa``.
 """
@@ -20,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from evaluate.benchmarks import Sample
@@ -59,14 +58,6 @@ DEPTHS += [51, 54, 56, 59, 62, 64, 67, 69, 72, 74, 77, 79, 82, 85, 87, 90, 92, 9
 QA_INSTRUCTION = (
     "Answer the question based on the given documents. Only give me the answer and do not output any other words."
 )
-
-
-@pytest.fixture(scope="module")
-def word_tokenizer() -> PreTrainedTokenizerFast:
-    """One token per word or punctuation run: realistic token counts without a download."""
-    backend = Tokenizer(models.WordLevel(vocab={"[UNK]": 0}, unk_token="[UNK]"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]")
 
 
 def tokenizer_for(task: str, max_seq_length: int, request) -> PreTrainedTokenizerFast:

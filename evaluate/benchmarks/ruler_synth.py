@@ -12,6 +12,9 @@ all 13 tasks of RULER's ``synthetic.yaml``, following the rules written down in
 - samples are split into kvpress's hub schema (context / question / answer_prefix) with the patterns of
   kvpress's ``create_huggingface_dataset.py``.
 
+Beyond RULER, which asks one question per prompt, ``benchmark.turns=K`` makes each sample of the NIAH tasks and vt a
+conversation of K turns over one haystack, fitted to ``max_seq_length`` as a whole (:class:`RulerSynth`).
+
 Templates, answer prefixes, generation lengths and per-task arguments are read at runtime from
 ``ruler_data/templates.json`` and ``ruler_data/synthetic.yaml``, byte-exact copies of the reference files.
 
@@ -365,17 +368,30 @@ def _largest_fitting(fits: Callable[[int], bool], lower: int, upper: int) -> int
     return best
 
 
+# A conversation as the generators build it: one (full prompt, reference answers) per turn, every prompt the same
+# context followed by that turn's question and answer prefix. One-turn conversations are RULER's samples.
+_Conversation = list[tuple[str, list[str]]]
+
+
 class _Family:
-    """State shared by the task generators: the assembled template, the token counter and the two RNGs."""
+    """State shared by the task generators: the assembled template, the token counter and the two RNGs.
+
+    ``turns`` is the number of turns of each conversation the generator builds (``benchmark.turns``); only the
+    families that set ``turn_split`` build more than one.
+    """
 
     family: str
+    # The key of the family's split patterns (_QUESTION_PATTERNS) for the families that can ask several turns about
+    # one haystack; counting a later turn needs its question and answer prefix apart from the shared context.
+    turn_split: ClassVar[str | None] = None
 
-    def __init__(self, tokenizer, max_seq_length: int, seed: int, args: dict[str, Any]) -> None:
+    def __init__(self, tokenizer, max_seq_length: int, seed: int, args: dict[str, Any], turns: int = 1) -> None:
         spec = _templates()["task_families"][self.family]
         self.tokenizer = tokenizer
         self.max_seq_length = max_seq_length
         self.seed = seed
         self.args = args
+        self.turns = turns
         self.task_template = spec["template"]
         self.answer_prefix = spec["answer_prefix"]
         self.tokens_to_generate = int(spec["tokens_to_generate"])
@@ -387,20 +403,40 @@ class _Family:
         self.rng = random.Random(seed)
         self.np_rng = np.random.RandomState(seed)
 
+    @classmethod
+    def max_turns(cls, args: dict[str, Any]) -> int | None:
+        """The most turns a conversation of a task with these arguments can have; None: as many as fit."""
+        return None
+
     def count(self, text: str) -> int:
         return len(self.tokenizer.tokenize(text))
 
-    def prompts(self) -> Iterator[tuple[str, list[str]]]:
+    def length(self, conversation: _Conversation) -> int:
+        """The tokens a conversation needs: its first prompt whole (context, question, answer prefix), each later
+        turn's question and answer prefix, and ``tokens_to_generate`` for every turn. For one turn this is RULER's
+        count of a prompt plus its generation allowance."""
+        (first, _), *later = conversation
+        tokens = self.count(first) + self.tokens_to_generate * len(conversation)
+        for prompt, _ in later:
+            _, question, answer_prefix = split_prompt(self.turn_split, prompt)
+            tokens += self.count(question + answer_prefix)
+        return tokens
+
+    def fits(self, conversation: _Conversation) -> bool:
+        return self.length(conversation) <= self.max_seq_length
+
+    def prompts(self) -> Iterator[_Conversation]:
         raise NotImplementedError
 
-    def _fit_one(self, build: Callable[[int], tuple[str, list[str]]], size: int, step: int) -> tuple[str, list[str]]:
-        """One sample: draw at ``size``; while too long, shrink one step (or redraw at the smallest size)."""
+    def _fit_one(self, build: Callable[[int], _Conversation], size: int, step: int, smallest: int = 1) -> _Conversation:
+        """One sample: draw at ``size``; while too long, shrink one step (or redraw when that would leave fewer than
+        ``smallest`` units)."""
         used, redraws = size, 0
         while True:
-            prompt, answers = build(used)
-            if self.count(prompt) + self.tokens_to_generate <= self.max_seq_length:
-                return prompt, answers
-            if used > step:
+            conversation = build(used)
+            if self.fits(conversation):
+                return conversation
+            if used - step >= smallest:
                 used -= step
             else:
                 redraws += 1
@@ -411,14 +447,15 @@ class _Family:
                     )
 
     def _fit_each(
-        self, build: Callable[[int], tuple[str, list[str]]], size: int, step: int
-    ) -> Iterator[tuple[str, list[str]]]:
+        self, build: Callable[[int], _Conversation], size: int, step: int, smallest: int = 1
+    ) -> Iterator[_Conversation]:
         while True:
-            yield self._fit_one(build, size, step)
+            yield self._fit_one(build, size, step, smallest)
 
 
 class _Niah(_Family):
     family = "niah"
+    turn_split = "niah"
 
     def __init__(self, *a, **kw) -> None:
         super().__init__(*a, **kw)
@@ -431,6 +468,8 @@ class _Niah(_Family):
         self.num_q = args["num_needle_q"]
         self.num_k = max(args["num_needle_k"], self.num_q)
         self.num_v = args["num_needle_v"]
+        # A conversation's haystack holds the needles of one sample per turn.
+        self.num_needles = self.needles_per_sample(args) * self.turns
         template, type_v_in_template = self.template, self.type_v
         if self.num_q * self.num_v == 1:
             # RULER's singular rewrite: plain substring replacements on the whole assembled template, in order.
@@ -438,6 +477,18 @@ class _Niah(_Family):
                 template = template.replace(old, new)
             type_v_in_template = type_v_in_template[:-1]
         self.prompt_template, self.type_v_in_template = template, type_v_in_template
+
+    @staticmethod
+    def needles_per_sample(args: dict[str, Any]) -> int:
+        """RULER's needles in one sample: its keys (at least as many as it asks), each with its values."""
+        return max(args["num_needle_k"], args["num_needle_q"]) * args["num_needle_v"]
+
+    @classmethod
+    def max_turns(cls, args: dict[str, Any]) -> int | None:
+        # An essay haystack puts each needle at its own of RULER's 40 depths.
+        if args["type_haystack"] != "essay":
+            return None
+        return len(_templates()["niah_depths_percent"]) // cls.needles_per_sample(args)
 
     def _random(self, kind: str) -> str:
         if kind == "numbers":
@@ -448,14 +499,22 @@ class _Niah(_Family):
             return str(uuid.UUID(int=self.rng.getrandbits(128), version=4))
         raise NotImplementedError(f"needle type {kind!r}")
 
+    def _key(self, taken: list[str]) -> str:
+        """A needle's key. RULER draws keys independently; a conversation asks each key in one turn only, so a key
+        drawn twice would make two turns one question and is drawn again. One turn keeps RULER's draws."""
+        key = self._random(self.type_k)
+        while self.turns > 1 and key in taken:
+            key = self._random(self.type_k)
+        return key
+
     def _needle(self, key: str, value: str) -> str:
         # The needle sentence always uses the plural type word, even when the question is singular.
         return self.strings["niah_needle"].format(type_needle_v=self.type_v, key=key, value=value)
 
-    def build(self, num_haystack: int) -> tuple[str, list[str]]:
+    def build(self, num_haystack: int) -> _Conversation:
         keys, values, needles = [], [], []
-        for _ in range(self.num_k):
-            keys.append(self._random(self.type_k))
+        for _ in range(self.num_k * self.turns):
+            keys.append(self._key(keys))
             values.append([])
             for _ in range(self.num_v):
                 values[-1].append(self._random(self.type_v))
@@ -482,26 +541,34 @@ class _Niah(_Family):
                 lines.insert(position, needle)
             context = "\n".join(lines)
 
-        queried = self.rng.sample(range(self.num_k), self.num_q)
-        queries = [keys[i] for i in queried]
-        answers = [value for i in queried for value in values[i]]
-        query = ", ".join(queries[:-1]) + ", and " + queries[-1] if len(queries) > 1 else queries[0]
-        prompt = self.prompt_template.format(type_needle_v=self.type_v_in_template, context=context, query=query)
-        return prompt, answers
+        # RULER's draw of the asked keys, for every turn at once: turn t asks the t-th num_q of them.
+        queried = self.rng.sample(range(len(keys)), self.num_q * self.turns)
+        conversation = []
+        for turn in range(self.turns):
+            asked = queried[turn * self.num_q : (turn + 1) * self.num_q]
+            queries = [keys[i] for i in asked]
+            answers = [value for i in asked for value in values[i]]
+            query = ", ".join(queries[:-1]) + ", and " + queries[-1] if len(queries) > 1 else queries[0]
+            prompt = self.prompt_template.format(type_needle_v=self.type_v_in_template, context=context, query=query)
+            conversation.append((prompt, answers))
+        return conversation
 
-    def prompts(self) -> Iterator[tuple[str, list[str]]]:
+    def prompts(self) -> Iterator[_Conversation]:
         # Essay words grow by 500 at any length; noise lines and distractor needles by 25 (5 below 4096).
         step = 500 if self.haystack == "essay" else 5 if self.max_seq_length < 4096 else 25
-        tokens_per_line = self.count(self.build(step)[0]) / step
-        upper = max(int((self.max_seq_length / tokens_per_line) * 3), step * 2)
-        best = _largest_fitting(
-            lambda n: self.count(self.build(n)[0]) + self.tokens_to_generate <= self.max_seq_length, step, upper
-        )
-        return self._fit_each(self.build, best if best is not None else step, step)
+        # Each needle takes a line of its own in a noise or needle haystack, and a conversation's needles can
+        # outnumber a step of lines (one sample's, at most 4, never do).
+        smallest = 1 if self.haystack == "essay" else self.num_needles
+        lowest = max(step, smallest)
+        tokens_per_line = self.count(self.build(lowest)[0][0]) / lowest
+        upper = max(int((self.max_seq_length / tokens_per_line) * 3), lowest * 2)
+        best = _largest_fitting(lambda n: self.fits(self.build(n)), lowest, upper)
+        return self._fit_each(self.build, best if best is not None else lowest, step, smallest)
 
 
 class _VariableTracking(_Family):
     family = "variable_tracking"
+    turn_split = "vt"
 
     # The in-context example: a 500-token prompt with no generation allowance, grown in steps of 5 noise lines.
     ICL_MAX_SEQ_LENGTH = 500
@@ -514,28 +581,37 @@ class _VariableTracking(_Family):
         self.num_chains = self.args["num_chains"]
         self.num_hops = self.args["num_hops"]
 
+    def _value(self, taken: list[str]) -> str:
+        """A chain's value. A conversation asks for the variables of one value per turn, so a value two of its
+        chains shared would have two answers and is drawn again. One turn keeps RULER's draws."""
+        value = str(self.np_rng.randint(10000, 99999))
+        while self.turns > 1 and value in taken:
+            value = str(self.np_rng.randint(10000, 99999))
+        return value
+
     def _chains(self, is_icl: bool) -> tuple[list[list[str]], list[list[str]]]:
         length = 3 if is_icl else 5
         hops = min(10, self.num_hops) if is_icl else self.num_hops
-        wanted = (hops + 1) * self.num_chains
+        # A conversation's haystack holds the chains of one sample per turn; the in-context example stays one
+        # sample's, since it shows a single question answered.
+        wanted = (hops + 1) * self.num_chains * (1 if is_icl else self.turns)
         names = ["".join(self.rng.choices(string.ascii_uppercase, k=length)) for _ in range(wanted)]
         # RULER tops up until there are enough distinct names but then slices the list as drawn.
         while len(set(names)) < wanted:
             names.append("".join(self.rng.choices(string.ascii_uppercase, k=length)))
-        chain_names, chains = [], []
+        chain_names, chains, values = [], [], []
         for start in range(0, len(names), hops + 1):
             these = names[start : start + hops + 1]
             chain_names.append(these)
-            value = "12345" if is_icl else str(self.np_rng.randint(10000, 99999))
-            lines = [self.strings["vt_chain_first"].format(name=these[0], value=value)]
+            values.append("12345" if is_icl else self._value(values))
+            lines = [self.strings["vt_chain_first"].format(name=these[0], value=values[-1])]
             for j in range(hops):
                 lines.append(self.strings["vt_chain_hop"].format(name=these[j + 1], previous_name=these[j]))
             chains.append(lines)
         return chain_names, chains
 
-    def build(self, num_noises: int, is_icl: bool = False) -> tuple[str, list[str]]:
+    def build(self, num_noises: int, is_icl: bool = False) -> _Conversation:
         chain_names, chains = self._chains(is_icl)
-        value = chains[0][0].split("=")[-1].strip()
         lines = [self.strings["noise_haystack_sentence"]] * num_noises
         for chain in chains:
             positions = sorted(self.rng.sample(range(len(lines)), len(chain)))
@@ -543,22 +619,28 @@ class _VariableTracking(_Family):
             for j, position in enumerate(positions):
                 lines.insert(position + j, chain[j])
         context = "\n".join(lines).replace(". \n", ".\n")
-        prompt = self.template.format(context=context, query=value, num_v=self.num_hops + 1)
-        return prompt, chain_names[0]
+        conversation = []
+        # Turn t asks the first chain of the t-th sample's chains, as RULER's one question asks its first chain.
+        for turn in range(1 if is_icl else self.turns):
+            asked = turn * self.num_chains
+            value = chains[asked][0].split("=")[-1].strip()
+            prompt = self.template.format(context=context, query=value, num_v=self.num_hops + 1)
+            conversation.append((prompt, chain_names[asked]))
+        return conversation
 
     def _icl_example(self) -> str:
         """The solved example RULER puts before every prompt, built once from the same generators."""
 
         def fits(n: int) -> bool:
-            return self.count(self.build(n, is_icl=True)[0]) <= self.ICL_MAX_SEQ_LENGTH
+            return self.count(self.build(n, is_icl=True)[0][0]) <= self.ICL_MAX_SEQ_LENGTH
 
         step = self.ICL_STEP
-        tokens_per_line = self.count(self.build(step, is_icl=True)[0]) / step
+        tokens_per_line = self.count(self.build(step, is_icl=True)[0][0]) / step
         upper = max(int((self.ICL_MAX_SEQ_LENGTH / tokens_per_line) * 3), step * 2)
         size = _largest_fitting(fits, step, upper)
         used, redraws = size if size is not None else step, 0
         while True:
-            prompt, names = self.build(used, is_icl=True)
+            ((prompt, names),) = self.build(used, is_icl=True)
             if self.count(prompt) <= self.ICL_MAX_SEQ_LENGTH:
                 return prompt + " " + " ".join(names) + "\n"
             if used > step:
@@ -577,24 +659,25 @@ class _VariableTracking(_Family):
             example = example.replace(name, "".join(self.rng.choices(string.ascii_uppercase, k=len(name))))
         return example.replace("12345", str(self.np_rng.randint(10000, 99999)))
 
-    def prompts(self) -> Iterator[tuple[str, list[str]]]:
+    def prompts(self) -> Iterator[_Conversation]:
         example = self._icl_example()
         example_tokens = self.count(example)
         step = 5 if self.max_seq_length < 4096 else 10
-        tokens_per_line = self.count(self.build(step)[0]) / step
+        tokens_per_line = self.count(self.build(step)[0][0]) / step
         upper = max(int((self.max_seq_length / tokens_per_line) * 3), step * 2)
         best = _largest_fitting(
-            lambda n: self.count(self.build(n)[0]) + example_tokens + self.tokens_to_generate <= self.max_seq_length,
-            step,
-            upper,
+            lambda n: self.length(self.build(n)) + example_tokens <= self.max_seq_length, step, upper
         )
         # With the base model template the task template starts the prompt; a chat template would precede it.
         task_start = self.task_template[:20]
 
-        def build_with_example(n: int) -> tuple[str, list[str]]:
-            prompt, names = self.build(n)
-            cut = prompt.index(task_start)
-            return prompt[:cut] + self._randomize_icl(example) + "\n" + prompt[cut:], names
+        def build_with_example(n: int) -> _Conversation:
+            conversation = self.build(n)
+            # One example per conversation: it is part of the context its turns share.
+            shown = self._randomize_icl(example) + "\n"
+            # The turns' prompts are the same text up to their questions, so they all cut at the same place.
+            cut = conversation[0][0].index(task_start)
+            return [(prompt[:cut] + shown + prompt[cut:], names) for prompt, names in conversation]
 
         return self._fit_each(build_with_example, best if best is not None else step, step)
 
@@ -643,15 +726,11 @@ class _CommonWords(_Family):
         )
         return shots + "\n" + self.template.format(context=context, query="", num_cw=self.num_cw), answers
 
-    def prompts(self) -> Iterator[tuple[str, list[str]]]:
+    def prompts(self) -> Iterator[_Conversation]:
         tokens_per_word = self.count(self.build(self.ESTIMATE_WORDS)[0]) / self.ESTIMATE_WORDS
         upper = max(int(self.max_seq_length // tokens_per_word) * 2, self.STEP * 2)
-        best = _largest_fitting(
-            lambda n: self.count(self.build(n)[0]) + self.tokens_to_generate <= self.max_seq_length,
-            self.STEP,
-            upper,
-        )
-        return self._fit_each(self.build, best if best is not None else self.STEP, self.STEP)
+        best = _largest_fitting(lambda n: self.fits([self.build(n)]), self.STEP, upper)
+        return self._fit_each(lambda n: [self.build(n)], best if best is not None else self.STEP, self.STEP)
 
 
 class _FrequentWords(_Family):
@@ -689,7 +768,7 @@ class _FrequentWords(_Family):
         random.Random(self.seed).shuffle(words)
         return self.template.format(context=" ".join(words), query=""), vocabulary[1:4]
 
-    def prompts(self) -> Iterator[tuple[str, list[str]]]:
+    def prompts(self) -> Iterator[_Conversation]:
         # Grow from budget // 6 words until the prompt reaches the budget, then step back once.
         vocabulary = self._vocabulary()
         num_words = self.budget // self.CODED_WORD_LENGTH
@@ -708,7 +787,7 @@ class _FrequentWords(_Family):
                         f"fwe: no prompt fits in max_seq_length={self.max_seq_length}; raise benchmark.max_seq_length"
                     )
                 prompt, answers = self._text(vocabulary, used)
-            yield prompt, answers
+            yield [(prompt, answers)]
 
 
 class _QA(_Family):
@@ -743,22 +822,25 @@ class _QA(_Family):
         )
         return self.template.format(context=context, query=question.query), list(question.answers)
 
-    def prompts(self) -> Iterator[tuple[str, list[str]]]:
+    def prompts(self) -> Iterator[_Conversation]:
         # The size search uses the first question, as RULER's does.
         step = self.STEP
         tokens_per_doc = self.count(self.build(0, step)[0]) / step
         upper = max(int((self.max_seq_length / tokens_per_doc) * 3), step * 2)
-        best = _largest_fitting(
-            lambda n: self.count(self.build(0, n)[0]) + self.tokens_to_generate <= self.max_seq_length, step, upper
-        )
+        best = _largest_fitting(lambda n: self.fits([self.build(0, n)]), step, upper)
         size = best if best is not None else step
         for index in range(len(self.questions)):
-            yield self._fit_one(lambda n, index=index: self.build(index, n), size, step)
+            yield self._fit_one(lambda n, index=index: [self.build(index, n)], size, step)
 
 
 _FAMILIES: dict[str, type[_Family]] = {
     cls.family: cls for cls in (_Niah, _VariableTracking, _CommonWords, _FrequentWords, _QA)
 }
+
+# The tasks that can ask several turns about one haystack (benchmark.turns above 1): the NIAH tasks and vt.
+TURN_TASKS: tuple[str, ...] = tuple(
+    task for task in TASKS if _FAMILIES[_task_configs()[task]["task"]].turn_split is not None
+)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -770,6 +852,30 @@ def _check_tasks(tasks: Sequence[str]) -> None:
     unknown = [task for task in tasks if task not in TASKS]
     if unknown:
         raise ConfigError(f"unknown ruler_synth task(s) {', '.join(unknown)}; valid tasks: {', '.join(TASKS)}")
+
+
+def _check_turns(tasks: Sequence[str], turns: int) -> None:
+    if turns < 1:
+        raise ConfigError(f"benchmark.turns={turns}: a conversation has at least one turn; set benchmark.turns=1")
+    unsupported = [task for task in tasks if task not in TURN_TASKS]
+    if turns > 1 and unsupported:
+        kept = [task for task in tasks if task in TURN_TASKS] or TURN_TASKS
+        raise ConfigError(
+            f"benchmark.turns={turns}: {', '.join(unsupported)} cannot ask several turns about one haystack, only "
+            f"{', '.join(TURN_TASKS)} can; set benchmark.tasks=[{','.join(kept)}] or benchmark.turns=1"
+        )
+    configs = {task: _task_configs()[task] for task in tasks}
+    capped = {
+        task: limit
+        for task, config in configs.items()
+        if (limit := _FAMILIES[config["task"]].max_turns(config["args"])) is not None and turns > limit
+    }
+    if capped:
+        raise ConfigError(
+            f"benchmark.turns={turns}: an essay haystack puts each needle at its own of RULER's 40 depths, which "
+            f"allows at most {', '.join(f'{limit} turns in {task}' for task, limit in capped.items())}; lower "
+            "benchmark.turns or leave those tasks out of benchmark.tasks"
+        )
 
 
 def split_prompt(task: str, prompt: str) -> tuple[str, str, str]:
@@ -793,13 +899,18 @@ def generate_task(
     max_seq_length: int = 4096,
     seed: int = 42,
     qa_path: str | Path | None = None,
+    turns: int = 1,
 ) -> list[Sample]:
     """Generate ``num_samples`` samples of one RULER task, fitted to ``max_seq_length`` with ``tokenizer``.
 
     ids are f"{task}-{i}". The first k samples do not depend on ``num_samples``. QA tasks read their dataset from
     the directory ``qa_path`` (see :data:`QA_FILES`) and give at most one sample per usable question.
+
+    With ``turns`` K above 1 (tasks of :data:`TURN_TASKS` only), sample i becomes conversation f"{task}-{i}": K
+    samples with ids f"{task}-{i}-turn{k}" and turns k = 0 .. K-1 that share one context (see :class:`RulerSynth`).
     """
     _check_tasks([task])
+    _check_turns([task], turns)
     if num_samples < 0:
         raise ConfigError(f"benchmark.num_samples={num_samples} must be at least 0")
     if num_samples == 0:
@@ -813,24 +924,33 @@ def generate_task(
                 f"{task} needs {' or '.join(QA_FILES[args['dataset']])} in benchmark.qa_path (now {qa_path})"
             )
         args["path"] = str(path)
-    generator = _FAMILIES[config["task"]](tokenizer, max_seq_length, seed, args)
-    prompts = itertools.islice(generator.prompts(), num_samples)
+    generator = _FAMILIES[config["task"]](tokenizer, max_seq_length, seed, args, turns=turns)
+    conversations = itertools.islice(generator.prompts(), num_samples)
     samples = []
-    progress = tqdm(prompts, total=num_samples, desc=f"ruler_synth {task}", disable=num_samples < _PROGRESS_MIN_SAMPLES)
-    for i, (prompt, answers) in enumerate(progress):
-        context, question, answer_prefix = split_prompt(task, prompt)
-        samples.append(
-            Sample(
-                id=f"{task}-{i}",
-                task=task,
-                context=context,
-                question=question,
-                answer_prefix=answer_prefix,
-                answers=list(answers),
-                max_new_tokens=generator.tokens_to_generate,
+    progress = tqdm(
+        conversations, total=num_samples, desc=f"ruler_synth {task}", disable=num_samples < _PROGRESS_MIN_SAMPLES
+    )
+    for i, conversation in enumerate(progress):
+        for turn, (prompt, answers) in enumerate(conversation):
+            context, question, answer_prefix = split_prompt(task, prompt)
+            # A single turn is a sample on its own, under the id it has always had.
+            sample_id, conversation_id, turn_index = (
+                (f"{task}-{i}", None, None) if turns == 1 else (f"{task}-{i}-turn{turn}", f"{task}-{i}", turn)
             )
-        )
-    if len(samples) < num_samples:
+            samples.append(
+                Sample(
+                    id=sample_id,
+                    task=task,
+                    context=context,
+                    question=question,
+                    answer_prefix=answer_prefix,
+                    answers=list(answers),
+                    max_new_tokens=generator.tokens_to_generate,
+                    conversation=conversation_id,
+                    turn=turn_index,
+                )
+            )
+    if len(samples) < num_samples * turns:
         logger.warning("%s: %s has only %d usable questions", task, args.get("path"), len(samples))
     return samples
 
@@ -847,20 +967,38 @@ class RulerSynth(Benchmark):
     missing is skipped with a warning. Scoring works from predictions alone: a configured task with no
     prediction row is reported under ``skipped_tasks`` and the headline is the mean over the tasks scored.
 
+    Conversations (``turns`` K above 1, SCBench's multi-turn setting): each sample becomes one conversation of K
+    turns over one haystack, for the NIAH tasks and vt (:data:`TURN_TASKS`); any other task is refused. The
+    haystack holds the needles (NIAH) or chains (vt) of K samples, drawn as RULER draws one sample's, with keys
+    (NIAH) and values (vt) distinct across the conversation; turn k asks the k-th sample's question (its
+    ``num_needle_q`` keys, or its chain's value) with the task's own question and answer prefix. Every turn is
+    scored as a sample of its task. An essay haystack puts each needle at its own of RULER's 40 depths, so it holds
+    at most 40 needles: K <= 10 for niah_multikey_1, niah_multivalue and niah_multiquery, K <= 40 for
+    niah_single_2 and niah_single_3; more are refused.
+
+    Fitting a conversation: RULER fits one prompt and its generation allowance to ``max_seq_length``; a
+    conversation fits as a whole, ``tokens(context + question_0 + answer_prefix_0) + sum over k >= 1 of
+    tokens(question_k + answer_prefix_k) + K * max_new_tokens <= max_seq_length`` (tokens counted as for one
+    prompt, without special tokens), and the haystack size is searched and shrunk by that rule. For K = 1 this is
+    RULER's rule, and the samples are those of a run without ``turns``.
+
     Parameters
     ----------
     tasks : list[str], optional
-        Tasks to generate, a subset of :data:`TASKS`; null for all of them.
+        Tasks to generate, a subset of :data:`TASKS`; null for all of them (those of :data:`TURN_TASKS` when
+        ``turns`` is above 1).
     max_seq_length : int
         Token budget of a prompt plus its generation allowance (``max_new_tokens``), counted without special
-        tokens.
+        tokens; with ``turns`` above 1, of a whole conversation.
     seed : int
         Seed of every task's generators; the same seed and tokenizer give the same samples.
     num_samples : int
-        Samples per task (RULER's default is 500).
+        Samples per task (RULER's default is 500); conversations per task with ``turns`` above 1.
     qa_path : str, optional
         Directory holding ``squad.json`` and ``hotpotqa.json`` (or ``dev-v2.0.json`` and
         ``hotpot_dev_distractor_v1.json``); null skips qa_1 and qa_2.
+    turns : int
+        Turns of each conversation; 1 (default) gives RULER's single questions, without a conversation.
     name : str
         Benchmark name in run directories and metrics.json.
     """
@@ -870,6 +1008,7 @@ class RulerSynth(Benchmark):
     seed: int = 42
     num_samples: int = 500
     qa_path: str | None = None
+    turns: int = 1
     name: str = "ruler_synth"
     # Generated like RULER's 4096 split, one data_dir for kvpress: ``fraction`` draws from all rows at once.
     fraction_by_task: ClassVar[bool] = False
@@ -878,16 +1017,20 @@ class RulerSynth(Benchmark):
 
     def __post_init__(self):
         if self.tasks is None:
-            self.tasks = list(TASKS)
+            self.tasks = list(TURN_TASKS if self.turns > 1 else TASKS)
 
     def sample_coverage(self, counts: Mapping[str, int], limit: int | None) -> list[str]:
-        if counts and min(counts.values()) < self.num_samples:
-            return [f"{min(counts.values())} of {self.num_samples} samples per task"]
-        return super().sample_coverage(counts, limit)
+        # num_samples and limit count conversations, each ``turns`` rows.
+        conversations = {task: -(-count // self.turns) for task, count in counts.items()}
+        if conversations and min(conversations.values()) < self.num_samples:
+            unit = "samples" if self.turns == 1 else f"conversations of {self.turns} turns"
+            return [f"{min(conversations.values())} of {self.num_samples} {unit} per task"]
+        return super().sample_coverage(conversations, limit)
 
     def available_tasks(self) -> list[str]:
         """The configured tasks that can be generated: all but the QA tasks whose file is missing."""
         _check_tasks(self.tasks)
+        _check_turns(self.tasks, self.turns)
         return [
             task
             for task in self.tasks
@@ -895,7 +1038,8 @@ class RulerSynth(Benchmark):
         ]
 
     def load(self, tokenizer, limit: int | None = None) -> list[Sample]:
-        """``min(limit, num_samples)`` samples of each available task, task after task."""
+        """``min(limit, num_samples)`` samples (conversations, with ``turns`` above 1) of each available task, task
+        after task."""
         available = self.available_tasks()
         skipped = [task for task in self.tasks if task not in available]
         if skipped:
@@ -911,7 +1055,13 @@ class RulerSynth(Benchmark):
             sample
             for task in available
             for sample in generate_task(
-                task, tokenizer, count, max_seq_length=self.max_seq_length, seed=self.seed, qa_path=self.qa_path
+                task,
+                tokenizer,
+                count,
+                max_seq_length=self.max_seq_length,
+                seed=self.seed,
+                qa_path=self.qa_path,
+                turns=self.turns,
             )
         ]
 

@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from evaluate import registry, rundir
 from evaluate.errors import ConfigError
-from evaluate.keys import NON_RESULT_KEYS
+from evaluate.keys import NON_RESULT_KEYS, without_single_turn
 from evaluate.points.budget import why_not_budget
 from evaluate.points.press_traits import (
     changes_the_model,
@@ -434,6 +434,7 @@ def result_config(cfg: DictConfig) -> dict:
         # kvpress's way, as every run recorded before the keys existed; history is read only by turns=multi.
         resolved.pop("turns", None)
         resolved.pop("history", None)
+    resolved["benchmark"] = without_single_turn(resolved["benchmark"])
     if resolved.get("max_new_tokens") is None or not resolved.get("generate", True):
         # null: each row's own, as every run recorded before the key existed; generate=false decodes nothing.
         resolved.pop("max_new_tokens", None)

@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 from evaluate import rundir
 from evaluate.benchmarks import Benchmark
 from evaluate.cost_schema import COST_KEYS
-from evaluate.keys import NON_RESULT_KEYS
+from evaluate.keys import NON_RESULT_KEYS, without_single_turn
 from evaluate.score.baseline import NO_PRESS, is_baseline
 from evaluate.score.bootstrap import Interval, NoInterval, headline_interval, mean_interval
 from evaluate.score.likelihood import FIELDS, row_fields
@@ -237,7 +237,8 @@ def _assign_variants(runs: list[RunResult]) -> tuple[list[RunResult], list[tuple
     """Label runs of one method that differ in a setting (seed, window size, ...; the config keys whose values differ
     but the ratio) so they never share a cell; of runs that still collide, the same configuration found twice, keep
     the one with more samples."""
-    flats = [{k: v for k, v in flatten(run.config).items() if _tells_apart(k)} for run in runs]
+    configs = [{**run.config, "benchmark": without_single_turn(run.config["benchmark"])} for run in runs]
+    flats = [{k: v for k, v in flatten(config).items() if _tells_apart(k)} for config in configs]
     # Each setting as JSON, a missing one as null; a setting differs when its runs of one method hold several values.
     settings = pd.DataFrame([{key: json.dumps(value, sort_keys=True) for key, value in flat.items()} for flat in flats])
     settings = settings.fillna("null")
