@@ -47,8 +47,15 @@ RUNNER_KNOBS = frozenset(
 PRESS_KEYS = frozenset({"press", "scorer", "cr", "budget", *RUNNER_KNOBS})
 
 
-def without_single_turn(benchmark: dict) -> dict:
-    """A benchmark's settings without ``turns: 1`` (ruler_synth's one question per context), which every run
-    recorded before ``benchmark.turns`` existed ran with: those runs and today's single-turn runs are one configuration
-    to the fingerprint, the baseline and the report alike."""
-    return {key: value for key, value in benchmark.items() if (key, value) != ("turns", 1)}
+def without_single_turn(config: dict) -> dict:
+    """A resolved config without the settings every run recorded before conversations existed ran with:
+    ``benchmark.turns: 1`` (ruler_synth's one question per context) and ``turns: independent`` (with ``history``,
+    which only ``turns=multi`` reads). Those runs and today's single-turn runs are one configuration to the
+    fingerprint, the baseline and the report alike."""
+    config = dict(config)
+    if isinstance(config.get("benchmark"), dict):
+        config["benchmark"] = {key: value for key, value in config["benchmark"].items() if (key, value) != ("turns", 1)}
+    if config.get("turns", "independent") == "independent":
+        config.pop("turns", None)
+        config.pop("history", None)
+    return config

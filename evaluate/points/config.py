@@ -430,11 +430,7 @@ def result_config(cfg: DictConfig) -> dict:
             resolved.pop(knob, None)  # unset knobs do not split runs, nor move the runs recorded before they existed
     if resolved.get("generate", True):
         resolved.pop("generate", None)  # generating runs keep the fingerprints they had before generate=false existed
-    if resolved.get("turns", "independent") == "independent":
-        # kvpress's way, as every run recorded before the keys existed; history is read only by turns=multi.
-        resolved.pop("turns", None)
-        resolved.pop("history", None)
-    resolved["benchmark"] = without_single_turn(resolved["benchmark"])
+    resolved = without_single_turn(resolved)
     if resolved.get("max_new_tokens") is None or not resolved.get("generate", True):
         # null: each row's own, as every run recorded before the key existed; generate=false decodes nothing.
         resolved.pop("max_new_tokens", None)

@@ -237,7 +237,7 @@ def _assign_variants(runs: list[RunResult]) -> tuple[list[RunResult], list[tuple
     """Label runs of one method that differ in a setting (seed, window size, ...; the config keys whose values differ
     but the ratio) so they never share a cell; of runs that still collide, the same configuration found twice, keep
     the one with more samples."""
-    configs = [{**run.config, "benchmark": without_single_turn(run.config["benchmark"])} for run in runs]
+    configs = [without_single_turn(run.config) for run in runs]
     flats = [{k: v for k, v in flatten(config).items() if _tells_apart(k)} for config in configs]
     # Each setting as JSON, a missing one as null; a setting differs when its runs of one method hold several values.
     settings = pd.DataFrame([{key: json.dumps(value, sort_keys=True) for key, value in flat.items()} for flat in flats])

@@ -23,8 +23,7 @@ def baseline_key(config: dict) -> str:
     change no prediction and those that choose the press, as canonical JSON."""
     kept = {key: value for key, value in config.items() if key not in NON_RESULT_KEYS and key not in PRESS_KEYS}
     kept.setdefault("generate", True)  # runs recorded before generate=false existed generated
-    if "benchmark" in kept:
-        kept["benchmark"] = without_single_turn(kept["benchmark"])
+    kept = without_single_turn(kept)
     if kept.get("max_new_tokens") is None or not kept["generate"]:
         # Each row's own, as in the runs recorded before the key existed; generate=false reads none.
         kept.pop("max_new_tokens", None)
