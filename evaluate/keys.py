@@ -45,3 +45,6 @@ RUNNER_KNOBS = frozenset(
 # What chooses the press and how much it removes (a ratio, or a token budget): a run and its uncompressed baseline
 # differ in these alone.
 PRESS_KEYS = frozenset({"press", "scorer", "cr", "budget", *RUNNER_KNOBS})
+
+# conf/config.yaml's conversation settings as every run recorded before they existed ran: each question on its own.
+TURN_DEFAULTS = {"turns": "independent", "history": "reference"}

@@ -13,7 +13,7 @@ from functools import cache, partial
 from pathlib import Path
 
 from evaluate import rundir
-from evaluate.keys import NON_RESULT_KEYS, PRESS_KEYS
+from evaluate.keys import NON_RESULT_KEYS, PRESS_KEYS, TURN_DEFAULTS
 
 NO_PRESS = "no_press"
 
@@ -23,6 +23,7 @@ def baseline_key(config: dict) -> str:
     change no prediction and those that choose the press, as canonical JSON."""
     kept = {key: value for key, value in config.items() if key not in NON_RESULT_KEYS and key not in PRESS_KEYS}
     kept.setdefault("generate", True)  # runs recorded before generate=false existed generated
+    kept = {**TURN_DEFAULTS, **kept}  # runs recorded before turns and history existed asked each question alone
     if kept.get("max_new_tokens") is None or not kept["generate"]:
         # Each row's own, as in the runs recorded before the key existed; generate=false reads none.
         kept.pop("max_new_tokens", None)
