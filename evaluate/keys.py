@@ -46,6 +46,9 @@ RUNNER_KNOBS = frozenset(
 # differ in these alone.
 PRESS_KEYS = frozenset({"press", "scorer", "cr", "budget", *RUNNER_KNOBS})
 
+# conf/config.yaml's conversation settings as every run recorded before they existed ran: each question on its own.
+TURN_DEFAULTS = {"turns": "independent", "history": "reference"}
+
 
 def without_single_turn(config: dict) -> dict:
     """A resolved config without the settings every run recorded before conversations existed ran with:
@@ -55,7 +58,7 @@ def without_single_turn(config: dict) -> dict:
     config = dict(config)
     if isinstance(config.get("benchmark"), dict):
         config["benchmark"] = {key: value for key, value in config["benchmark"].items() if (key, value) != ("turns", 1)}
-    if config.get("turns", "independent") == "independent":
+    if config.get("turns", TURN_DEFAULTS["turns"]) == TURN_DEFAULTS["turns"]:
         config.pop("turns", None)
         config.pop("history", None)
     return config

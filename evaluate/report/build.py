@@ -24,6 +24,7 @@ from evaluate.report.tables import (
     runs_table,
     task_table,
 )
+from evaluate.report.turns import turn_table
 from evaluate.score.iso_quality import DEFAULT_DELTA, DEFAULT_RELATIVE, thresholds
 
 
@@ -44,11 +45,12 @@ class Report:
     budgets: list[Table] = field(default_factory=list)  # the headline by token budget, where runs have one
     iso_budget_series: pd.DataFrame | None = None  # the series by token budget with their figures, for the plots
     answer_length: list[Table] = field(default_factory=list)  # per benchmark, where runs recorded answer token ids
+    turns: list[Table] = field(default_factory=list)  # per benchmark, where runs have a score by turn
 
     def tables(self) -> list[Table]:
         tables = [*self.headline, *self.budgets, *self.tasks, *self.differences, *self.iso, *self.capacity]
         tables += self.comparisons
-        tables += [*self.likelihood, *self.answer_length]
+        tables += [*self.likelihood, *self.answer_length, *self.turns]
         return [*tables, cost_table(self.frame), runs_table(self.frame)]
 
     def page(self, runs_dir: Path, resamples: int) -> str:
@@ -62,7 +64,7 @@ class Report:
         paragraphs += [table.page() for table in [*self.differences, *self.iso, *self.capacity, *self.comparisons]]
         for table in self.likelihood[:1]:
             paragraphs += [table.page(), "Per task: [likelihood_tasks.md](likelihood_tasks.md)"]
-        paragraphs += [table.page() for table in self.answer_length]
+        paragraphs += [table.page() for table in [*self.answer_length, *self.turns]]
         if self.unmatched_references:
             paragraphs.append(f"{self.unmatched_references} published figures have no matching run.")
         if self.skipped:
@@ -108,6 +110,8 @@ def build_report(
     capacity = capacity_table(runs, frame, serving_memory_gb)  # a row per run, labelled by cr or budget
     # Drift against cr: the runs at a ratio, as the plot draws them.
     lengths = [table for benchmark in benchmarks if (table := answer_length_table(by_ratio, benchmark))]
+    # By turn: the runs at a ratio and the token-budget runs in one table, each row saying what it keeps.
+    turns = [table for benchmark in sorted(frame.benchmark.unique()) if (table := turn_table(frame, benchmark))]
     return Report(
         runs,
         frame,
@@ -124,6 +128,7 @@ def build_report(
         budgets,
         budget_series,
         lengths,
+        turns,
     )
 
 

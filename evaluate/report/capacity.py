@@ -22,10 +22,10 @@ from evaluate.report.tables import (
     Table,
     budget_column,
     budget_type,
-    fmt_budget,
-    fmt_cr,
+    cr_cells,
     fmt_mib,
     fmt_number,
+    kept_cells,
     row_method,
 )
 
@@ -67,7 +67,7 @@ def capacity_table(
     ).reset_index(drop=True)
     found = _counts(runs, level, memory)
     models = {"model": level.model} if level.model.nunique() > 1 else {}
-    shown = pd.DataFrame({"benchmark": level.benchmark, **models, "method": level.label, "cr": _crs(level)})
+    shown = pd.DataFrame({"benchmark": level.benchmark, **models, "method": level.label, "cr": cr_cells(level)})
     budgets = level[budget_column(level)].astype(budget_type(level))  # no column where no run has a budget
     for column in budgets:
         shown[column] = budgets[column].astype(object).fillna("-")
@@ -120,18 +120,6 @@ def _counts(runs: Sequence[RunResult], level: pd.DataFrame, memory: float) -> pd
     return pd.DataFrame(records, index=level.index)
 
 
-def _crs(level: pd.DataFrame) -> pd.Series:
-    """Each run's cr as the tables show it; "-" for a token-budget run, which has none (its budget is beside it)."""
-    return level.cr.map(lambda cr: "-" if pd.isna(cr) else fmt_cr(cr))
-
-
-def _kept(level: pd.DataFrame) -> pd.Series:
-    """What each run keeps, as a note names it: cr=0.75, or budget=256."""
-    pairs = zip(level.cr, level.budget, strict=True)
-    kept = [fmt_cr(cr) if pd.isna(budget) else fmt_budget(budget) for cr, budget in pairs]
-    return pd.Series(kept, index=level.index)
-
-
 def _count(value) -> str:
     return "-" if value is None or pd.isna(value) else f"{int(value)}"
 
@@ -156,7 +144,7 @@ def _notes(level: pd.DataFrame, found: pd.DataFrame, memory_gb: float) -> list[s
     ]
     missing = level[~level.reference & level.baseline.isna()]
     if not missing.empty:
-        listed = ", ".join(dict.fromkeys(missing.benchmark + " " + missing.label + " " + _kept(missing)))
+        listed = ", ".join(dict.fromkeys(missing.benchmark + " " + missing.label + " " + kept_cells(missing)))
         notes.append(
             f"{NO_BASELINE[0].upper()}{NO_BASELINE[1:]} for {listed}: no `{NO_PRESS}` run here has the same data, "
             "samples and settings but the press; run `press=none` with their settings for one."

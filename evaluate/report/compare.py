@@ -110,12 +110,15 @@ def compare_tables(
     published = pd.DataFrame(references, columns=Reference._fields).rename_axis("reference").reset_index()
     measured = run_level(runs_frame(runs))
     measured = measured.assign(cell=measured.apply(run_cell, axis=1))
+    # Published figures ask each question on its own (kvpress's evaluation): a multi-turn run measures another thing.
+    measured = measured[measured.turns == "independent"]
     scores = _matched(published[published.method_b == ""], measured, _RUN_KEYS, "run")
     deltas = published[published.method_b != ""]
     if not deltas.empty:
         wanted = deltas[["method", "method_b"]].drop_duplicates().itertuples(index=False)
         # A pair of runs stands for its run a, and keeps the order differences() gives it.
         pairs = pd.concat([differences(runs, a, b, resamples, seed) for a, b in wanted], ignore_index=True)
+        pairs = pairs[pairs.turns == "independent"]
         pairs = pairs.rename(columns={f"{name}_a": name for name in ("method", "settings", "model_id", "cr")})
         pairs = pairs.assign(score=pairs.delta, label=pairs.label_a + " − " + pairs.label_b)
         deltas = _matched(deltas, pairs.rename_axis("pair").reset_index(), [*_RUN_KEYS, "method_b"], "pair")

@@ -29,6 +29,9 @@ _INTERVAL |= {"different_samples": bool, "interval_note": str}
 _CELLS = "Cells: a − b [paired bootstrap 95% interval] n=samples both runs answered. "
 _CELLS += "An interval that contains 0 means the difference is within the noise."
 _CELLS_WITHOUT_INTERVALS = "Cells: a − b n=samples both runs answered; no intervals (--bootstrap 0)."
+# What the two runs of a pair share (against no_press, a run's baseline shares all but the ratio): a multi-turn run is
+# paired with multi-turn runs alone (turn_mode: the words the labels add for turns and history).
+_SHARED = ["benchmark", "model", "query_aware", "turns", "history", "turn_mode", "ratio"]
 
 
 @dataclass(frozen=True)
@@ -64,18 +67,17 @@ def load_effects(experiment: str | None = None) -> list[Effect]:
 
 
 def pair_runs(runs: pd.DataFrame, method_a: str, method_b: str) -> pd.DataFrame:
-    """Every (a, b) pair of runs of the two methods on the same benchmark, model, query-awareness and ratio, a run
-    with several partners taking the one of its variant; against ``no_press``, each run of a with its baseline
-    (evaluate/score/baseline.py), at a's ratio, and none for a run without one. Columns: the shared keys, then each
-    run's columns with the suffix ``_a`` or ``_b``."""
+    """Every (a, b) pair of runs of the two methods on the same benchmark, model, query-awareness, conversation
+    settings and ratio, a run with several partners taking the one of its variant; against ``no_press``, each run of
+    a with its baseline (evaluate/score/baseline.py), at a's ratio, and none for a run without one. Columns: the
+    shared keys, then each run's columns with the suffix ``_a`` or ``_b``."""
     a = runs[(runs.method == method_a) & (method_a != NO_PRESS)]
     b = runs[runs.method == method_b]
     if method_b == NO_PRESS:
         pairs = a.merge(b, left_on="baseline", right_on="run", suffixes=("_a", "_b"))
-        shared = ("benchmark", "model", "query_aware", "ratio")  # a run's baseline shares all but the ratio
-        pairs = pairs.rename(columns={f"{key}_a": key for key in shared})
+        pairs = pairs.rename(columns={f"{key}_a": key for key in _SHARED})
         return pairs.sort_values(["benchmark", "model", "query_aware", "variant_a", "cr_a"])
-    pairs = a.merge(b, on=["benchmark", "model", "query_aware", "ratio"], suffixes=("_a", "_b"))
+    pairs = a.merge(b, on=_SHARED, suffixes=("_a", "_b"))
     candidates = pairs.groupby("run_a").run_b.transform("size")
     pairs = pairs[(candidates == 1) | (pairs.variant_a == pairs.variant_b)]
     candidates = pairs.groupby("run_a").run_b.transform("size")
@@ -122,10 +124,11 @@ def differences(runs: Sequence[RunResult], method_a: str, method_b: str, resampl
 
 def difference_table(name: str, title: str, pairs: pd.DataFrame, row_header: str) -> Table:
     """Rows keyed by ``pairs.row`` (scorer, or settings) per benchmark and model, columns cr."""
-    grid = pairs.pivot(index=["benchmark", "model", "query_aware", "row"], columns="ratio", values="cell").sort_index()
+    index = ["benchmark", "model", "query_aware", "turn_mode", "row"]
+    grid = pairs.pivot(index=index, columns="ratio", values="cell").sort_index()
     rows = grid.index.to_frame(index=False)
     models = {"model": rows.model} if pairs.model.nunique() > 1 else {}
-    label = rows.row + rows.query_aware.map(QUERY_AWARE)
+    label = rows.row + rows.query_aware.map(QUERY_AWARE) + rows.turn_mode
     md = pd.DataFrame({"benchmark": rows.benchmark, **models, row_header: label})
     md[[fmt_cr(cr) for cr in grid.columns]] = grid.fillna("").to_numpy()
     notes = [_CELLS if pairs.ci_low.notna().any() else _CELLS_WITHOUT_INTERVALS, *interval_notes(pairs)]

@@ -10,9 +10,18 @@ from evaluate.score.answer_length import DRIFT_FIELDS, drift_metrics, own_metric
 from evaluate.score.likelihood import FIELDS as LIKELIHOOD_FIELDS
 
 _RUN_ATTRIBUTES = "benchmark model model_id method variant query_aware score interval_note partial_reasons".split()
+_RUN_ATTRIBUTES += "turns history score_by_turn samples_by_turn".split()
 _INTERVAL = {"ci_low": "low", "ci_high": "high", "contexts": "contexts"}  # frame column: Interval attribute
 _TASK_COLUMNS = ["task", "task_score", "task_n", *(f"task_{name}" for name in LIKELIHOOD_FIELDS), "task_likelihood_n"]
 QUERY_AWARE = {True: " (query-aware)", False: ""}  # what labels add for query-aware runs
+
+
+def mode_label(turns: str, history: str) -> str:
+    """What labels add for a multi-turn run (conf/config.yaml's turns and history); nothing for independent turns,
+    kvpress's way and that of every run recorded before the settings existed, so that their labels stay as they were."""
+    if turns == "independent":
+        return ""
+    return " (multi-turn)" if history == "reference" else f" (multi-turn, {history} history)"
 
 
 def bracketed(variant: str) -> str:
@@ -37,14 +46,16 @@ def runs_frame(runs: Sequence[RunResult]) -> pd.DataFrame:
     (evaluate/score/baseline.py), NA for none; ``contexts``, the fewest any task's interval resampled; ``n``,
     samples; ``settings``, the benchmark's config; the answer-length fields (:func:`answer_length`); each
     likelihood field's headline (``answer_kl``, ...) with its interval (``answer_kl_low``, ``answer_kl_high``) and
-    ``likelihood_n``, the rows that have them; then task,
-    task_score, task_n and the task's likelihood means (``task_answer_kl``, ..., ``task_likelihood_n``)."""
+    ``likelihood_n``, the rows that have them; ``turns``, ``history`` and ``turn_mode`` (:func:`mode_label`),
+    ``score_by_turn`` and ``samples_by_turn`` (metrics.json's, empty without turns); then task, task_score, task_n
+    and the task's likelihood means (``task_answer_kl``, ..., ``task_likelihood_n``)."""
     records = []
     baselines = find_baselines(runs)
     for position, run in enumerate(runs):
         kept = [row["kept_ratio"] for row in run.rows if row.get("kept_ratio") is not None]
         common = {
             **{name: getattr(run, name) for name in _RUN_ATTRIBUTES},
+            "turn_mode": mode_label(run.turns, run.history),
             "run": position,
             "cr": run.compression_ratio,
             "ratio": round(run.compression_ratio, 6),
@@ -86,7 +97,7 @@ def runs_frame(runs: Sequence[RunResult]) -> pd.DataFrame:
     numbers |= dict.fromkeys(DRIFT_FIELDS, float)
     frame = pd.DataFrame.from_records(records).astype(numbers)
     label = frame.method.mask(frame.reference, "no compression") + frame.variant.map(bracketed)
-    return frame.assign(label=label + frame.query_aware.map(QUERY_AWARE))  # what tells a row's runs apart
+    return frame.assign(label=label + frame.query_aware.map(QUERY_AWARE) + frame.turn_mode)  # tells a row's runs apart
 
 
 def run_level(frame: pd.DataFrame) -> pd.DataFrame:

@@ -153,6 +153,8 @@ def prepare(run: RunResult, allow_partial: bool) -> Submission:
         raise Refused("; ".join(reasons))
     if run.budget is not None:  # kvpress's leaderboard has a compression_ratio column, and no place for a budget
         raise Refused(f"budget={run.budget}: the leaderboard ranks presses by compression ratio; rerun with cr=")
+    if run.turns != "independent":  # its submission would share the name of the same press's independent run
+        raise Refused(f"turns={run.turns}: kvpress's leaderboard asks each question on its own (turns=independent)")
     if run.score is None:  # the likelihood fields alone: the leaderboard has no place for them
         raise Refused("made with generate=false: no generated answers to score; rerun with generate=true")
     # Only the task scores: the likelihood means in metrics.json stay behind (kvpress's format has no place for them).

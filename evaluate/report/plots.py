@@ -7,7 +7,9 @@ uncompressed answer and the share hitting max_new_tokens against cr, for runs th
 ``{benchmark}_cost.png``: score against the KV bytes held, each point labelled with its
 ratio; ``{benchmark}_iso.png``: each method's compression at iso-quality against its baseline;
 ``{benchmark}_budget.png``: the headline score against token budget, for ``budget=N`` runs, and
-``{benchmark}_iso_budget.png`` their smallest budget at iso-quality against their baseline. For
+``{benchmark}_iso_budget.png`` their smallest budget at iso-quality against their baseline;
+``{benchmark}_turns.png``: the score on each turn of the conversations against the turn, for runs whose samples are
+turns of conversations (a line per run: multi-turn runs against independent ones). For
 needle-in-a-haystack runs also ``{benchmark}_heatmap.png``: the needle score by depth and context length, a panel
 per method and compression ratio."""
 
@@ -25,6 +27,7 @@ from evaluate import rundir
 from evaluate.benchmarks.needle_in_haystack import TASK_SCORE_LABEL, NeedleInHaystack, task_depth
 from evaluate.report.frame import QUERY_AWARE, bracketed, run_level, split_by_axis
 from evaluate.report.runs import NO_PRESS
+from evaluate.report.turns import turn_benchmarks, turn_points
 
 matplotlib.use("Agg")  # files only; never a display
 
@@ -59,25 +62,32 @@ BUDGET_AXIS = XAxis("budget", "token budget (KV pairs kept of each context)", Tr
 def _lines(
     frame: pd.DataFrame, benchmark: str, qualified: bool = False, axis: XAxis = CR_AXIS
 ) -> tuple[pd.DataFrame, dict, list[float]]:
-    """The rows of ``benchmark`` by cr (or ``axis``), with their ``line`` (method, variant, and model and
-    query-awareness when ``qualified`` and several); one :class:`Style` per line; the ratios (or budgets) of the
-    compressed runs. The rows keep only the ``no_press`` runs to draw: those that are the baseline of a compressed
-    row (evaluate/score/baseline.py), or all of them where no compressed row is drawn."""
+    """The rows of ``benchmark`` by cr (or ``axis``), with their ``line`` (method, variant, multi-turn mode, and model
+    and query-awareness when ``qualified`` and several); one :class:`Style` per line; the ratios (or budgets) of the
+    compressed runs. The rows keep only the ``no_press`` runs to draw (:func:`drawn_references`)."""
     rows = frame[frame.benchmark == benchmark]
-    lines = rows.method + rows.variant.map(bracketed)
+    lines = rows.method + rows.variant.map(bracketed) + rows.turn_mode
     if qualified and len(rows[["model", "query_aware"]].drop_duplicates()) > 1:
         lines += " · " + rows.model + rows.query_aware.map(QUERY_AWARE)
-    rows = rows.assign(line=lines.map(short_labels(lines))).sort_values(axis.column, kind="stable")
-    if not rows.reference.all():
-        rows = rows[~rows.reference | rows.run.isin(rows.baseline.dropna())]
-    labels = sorted(rows.line[~rows.reference].unique())
+    rows = drawn_references(rows.assign(line=lines.map(short_labels(lines))).sort_values(axis.column, kind="stable"))
+    styles = line_styles(sorted(rows.line[~rows.reference].unique()))
+    return rows, styles, sorted(rows[axis.column][~rows.reference].unique()) or [0.0]
+
+
+def drawn_references(rows: pd.DataFrame) -> pd.DataFrame:
+    """``rows`` with only the ``no_press`` runs a figure draws: those that are the baseline of a compressed row
+    (evaluate/score/baseline.py), or all of them where no compressed row is drawn."""
+    return rows if rows.reference.all() else rows[~rows.reference | rows.run.isin(rows.baseline.dropna())]
+
+
+def line_styles(labels: Sequence[str]) -> dict[str, Style]:
+    """One :class:`Style` per line label, in the order given: the first drawn widest, under the others."""
     palette = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20")
     steps = max(1, len(labels) - 1)
-    styles = {
+    return {
         label: Style(palette(i % palette.N), _MARKERS[i % len(_MARKERS)], 1 + 0.7 * (len(labels) - 1 - i) / steps)
         for i, label in enumerate(labels)
     }
-    return rows, styles, sorted(rows[axis.column][~rows.reference].unique()) or [0.0]
 
 
 _PATH = re.compile(r'"[^"]*/[^"]*"')  # a JSON string in a variant that holds a path (benchmark.path)
@@ -232,6 +242,29 @@ def _against_cr(
     return _finish(fig, axes[0][-1], runs, "bands and whiskers: bootstrap 95% interval; dashed: ", path)
 
 
+def plot_turns(benchmark: str, frame: pd.DataFrame, path: Path) -> Path:
+    """The score on each turn of the conversations against the turn, one line per run of ``benchmark`` that has a
+    score by turn (a method at a cr or budget, a multi-turn run's label saying so: evaluate/report/turns.py); the
+    uncompressed baselines dashed."""
+    points = drawn_references(turn_points(frame, benchmark))
+    compressed, references = points[~points.reference], points[points.reference]
+    styles = line_styles(list(dict.fromkeys(compressed.point)))
+    fig, ax = plt.subplots(figsize=(10, 5.2))
+    for label, line in compressed.groupby("point", sort=False):
+        _draw_points(ax, line, line.turn.tolist(), line.turn_score.tolist(), styles[label], label)
+    for marker, (label, line) in zip(_MARKERS, references.groupby("point", sort=False), strict=False):
+        ax.plot(line.turn, line.turn_score, "--", color=_REFERENCE_COLOR, linewidth=1.5, marker=marker, label=label)
+    ax.set_xticks(sorted(points.turn.unique()))
+    ax.tick_params(labelsize=11)
+    _y_limits(ax, points.turn_score, score=True)
+    ax.grid(True, alpha=0.3)
+    ax.spines[["top", "right"]].set_visible(False)
+    ax.set_xlabel("turn of the conversation (0: its first question)", fontsize=12)
+    ax.set_ylabel("score on the turn's samples", fontsize=12)
+    ax.set_title(f"{benchmark}: score by turn", fontsize=13)
+    return _finish(fig, ax, points, "multi-turn: one cache across the turns; dashed: ", path)
+
+
 # The answer-length figure's panels: a run-level column, its axis label, and the baseline's column drawn dashed
 # (evaluate/score/answer_length.py): the mean common prefix is bounded by the baseline's mean length.
 _ANSWER_LENGTH_PANELS = (
@@ -336,6 +369,7 @@ def needle_grids(frame: pd.DataFrame, benchmark: str) -> dict[str, pd.DataFrame]
     rows = rows.assign(depth=rows.task.map(task_depth), length=lengths)[lengths.notna()].astype({"length": int})
     variant = rows.variant.str.replace(_NEEDLE_AXES, "", regex=True).str.rstrip(", ").map(bracketed)
     title = rows.method.mask(rows.reference, "no compression") + variant + rows.query_aware.map(QUERY_AWARE)
+    title += rows.turn_mode
     if rows.model.nunique() > 1:
         title = rows.model + " · " + title
     rows = rows.assign(title=title + rows.cr.map(lambda cr: f" · cr={cr:g}").mask(rows.reference, ""))
@@ -509,8 +543,9 @@ def plot_all(
     where runs recorded them, the iso-quality figure where ``iso_series`` (the iso-quality table's series) has a
     series with a baseline; the score against token budget where runs have one (``budget=N``), with its
     iso-quality figure where ``iso_budget_series`` (the iso_quality_budget table's series) has a series with a
-    baseline; and the heatmap of needle runs. Returns the files written."""
-    written = []
+    baseline; the score by turn where runs have one; and the heatmap of needle runs. Returns the files written."""
+    # Runs at a ratio and token-budget runs are points of one figure by turn.
+    written = [plot_turns(name, frame, out / f"{name}_turns.png") for name in turn_benchmarks(frame)]
     frame, by_budget = split_by_axis(frame)
     for name in sorted(by_budget.benchmark[by_budget.score.notna() & by_budget.budget.notna()].unique()):
         written.append(plot_budget(name, by_budget, out / f"{name}_budget.png"))

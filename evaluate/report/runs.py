@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 from evaluate import rundir
 from evaluate.benchmarks import Benchmark
 from evaluate.cost_schema import COST_KEYS
-from evaluate.keys import NON_RESULT_KEYS, without_single_turn
+from evaluate.keys import NON_RESULT_KEYS, TURN_DEFAULTS, without_single_turn
 from evaluate.score.baseline import NO_PRESS, is_baseline
 from evaluate.score.bootstrap import Interval, NoInterval, headline_interval, mean_interval
 from evaluate.score.likelihood import FIELDS, row_fields
@@ -25,8 +25,9 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_RUNS = Path("results/runs")
 # Config keys that never distinguish two results (the fingerprint leaves them out too), the ratio or token budget
-# itself (as does any compression_ratio), and the report settings an experiment preset carries.
-_NOT_A_VARIANT = {*NON_RESULT_KEYS, "cr", "budget", "wandb", "report"}
+# itself (as does any compression_ratio), and the report settings an experiment preset carries; and the
+# conversation settings, which a run's row_key holds (read with their defaults for runs recorded before them).
+_NOT_A_VARIANT = {*NON_RESULT_KEYS, "cr", "budget", "wandb", "report", *TURN_DEFAULTS}
 
 
 class ReportError(RuntimeError):
@@ -70,7 +71,13 @@ class RunResult:
         self.samples = sum(int(task.get("n", 0)) for task in self.tasks.values())
         self.score = None if self.metrics.get("score") is None else float(self.metrics["score"])  # the headline
         self.likelihood: dict = self.metrics.get("likelihood") or {}  # metrics.json's means of the likelihood fields
-        self.row_key = (self.benchmark, self.model, self.method, self.query_aware)  # a row of the headline table
+        # A conversation's turns asked each on its own or in order on one cache, and the earlier answers that cache
+        # holds (conf/config.yaml): a multi-turn run is never a variant nor a duplicate of its independent twin.
+        self.turns, self.history = (str(self.config.get(key) or value) for key, value in TURN_DEFAULTS.items())
+        self.score_by_turn: dict = self.metrics.get("score_by_turn") or {}  # evaluate/score/turns.py
+        self.samples_by_turn: dict = self.metrics.get("samples_by_turn") or {}
+        # A row of the headline table.
+        self.row_key = (self.benchmark, self.model, self.method, self.query_aware, self.turns, self.history)
 
     @cached_property
     def rows(self) -> list[dict]:
@@ -95,7 +102,13 @@ _SHAPES = {
         "compression_ratio": _NUMBER,
         "budget": int,
     },
-    rundir.METRICS: {"tasks": dict, "score": _NUMBER, "likelihood": dict},
+    rundir.METRICS: {
+        "tasks": dict,
+        "score": _NUMBER,
+        "likelihood": dict,
+        "score_by_turn": dict,
+        "samples_by_turn": dict,
+    },
     rundir.RUN: {
         "status": str,
         "updated_at": str,

@@ -135,8 +135,8 @@ def baseline_notes(runs: pd.DataFrame, axis: Axis = RATIO) -> list[str]:
 
 
 def row_method(runs: pd.DataFrame) -> pd.Series:
-    """The method column of the CSV files: the label where it names a variant, else the method."""
-    return runs.label.where(runs.variant != "", runs.method)
+    """The method column of the CSV files: the label where it names a variant or a multi-turn run, else the method."""
+    return runs.label.where((runs.variant != "") | (runs.turn_mode != ""), runs.method)
 
 
 def settings_note(runs: pd.DataFrame) -> list[str]:
@@ -224,6 +224,24 @@ def budget_column(frame: pd.DataFrame) -> list[str]:
     return ["budget"] if frame.budget.notna().any() else []
 
 
+def turn_columns(frame: pd.DataFrame) -> list[str]:
+    """The ``turns`` and ``history`` columns, where a multi-turn run is listed (reports without one keep their
+    columns)."""
+    return ["turns", "history"] if (frame.turns != "independent").any() else []
+
+
+def cr_cells(level: pd.DataFrame) -> pd.Series:
+    """Each run's cr as the tables show it; "-" for a token-budget run, which has none (its budget is beside it)."""
+    return level.cr.map(lambda cr: "-" if pd.isna(cr) else fmt_cr(cr))
+
+
+def kept_cells(level: pd.DataFrame) -> pd.Series:
+    """What each run keeps, as a note names it: cr=0.75, or budget=256."""
+    pairs = zip(level.cr, level.budget, strict=True)
+    kept = [fmt_cr(cr) if pd.isna(budget) else fmt_budget(budget) for cr, budget in pairs]
+    return pd.Series(kept, index=level.index)
+
+
 def budget_type(frame: pd.DataFrame) -> dict[str, str]:
     """Budgets are whole numbers of tokens, missing for cr runs: the tables write 256, not 256.0."""
     return dict.fromkeys(budget_column(frame), "Int64")
@@ -232,7 +250,8 @@ def budget_type(frame: pd.DataFrame) -> dict[str, str]:
 def runs_table(frame: pd.DataFrame) -> Table:
     """Every run with every figure the other tables show, one row each."""
     frame = run_level(frame).sort_values(["benchmark", "model", "method", "variant", "cr", "budget"], kind="stable")
-    columns = "benchmark model model_id method variant query_aware cr".split() + budget_column(frame)
+    columns = "benchmark model model_id method variant query_aware".split() + turn_columns(frame)
+    columns += ["cr", *budget_column(frame)]
     columns += "score ci_low ci_high n partial".split()
     columns += "partial_reasons status kept_ratio wall_seconds peak_memory_mb run_dir".split()
     data = frame.assign(partial_reasons=frame.partial_reasons.str.join("; "))[columns].astype(budget_type(frame))
@@ -244,7 +263,8 @@ def cost_table(frame: pd.DataFrame) -> Table:
     phase, decoding speed, forward passes per question, the KV bytes each context's cache physically held against
     those its press counts as kept, wall time and peak memory."""
     frame = run_level(frame).sort_values(["benchmark", "model", "method", "variant", "cr", "budget"], kind="stable")
-    columns = ["benchmark", "model", "method", "variant", "query_aware", "cr", *budget_column(frame), "score"]
+    columns = ["benchmark", "model", "method", "variant", "query_aware", *turn_columns(frame), "cr"]
+    columns += [*budget_column(frame), "score"]
     # A cost only some runs measure (prefills per conversation) is a column where one of them is in the table.
     keys = [key for key in COST_KEYS if not cost_metadata(key)["optional"] or frame[key].notna().any()]
     columns += keys

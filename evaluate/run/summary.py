@@ -16,6 +16,7 @@ from evaluate.points.shard import resolve_shard
 from evaluate.report.runs import flatten
 from evaluate.score.answer_length import drift_metrics
 from evaluate.score.baseline import find_baseline
+from evaluate.score.turns import SCORE_BY_TURN
 
 # Overrides that choose the press; the uncompressed run of the same samples drops them.
 PRESS_OVERRIDES = ("press=", "press.", "scorer=", "scorer.", "cr=", "budget=", "+press.", "+scorer.", "method=")
@@ -52,6 +53,15 @@ def answer_length_line(rows: list[dict], baseline_rows: list[dict]) -> list[str]
     ]
 
 
+def turn_line(metrics: dict) -> list[str]:
+    """The line on the score on each turn's samples (evaluate/score/turns.py), where the samples are turns of
+    conversations and were answered."""
+    scores = metrics.get(SCORE_BY_TURN) or {}
+    if all(score is None for score in scores.values()):  # no turns, or generate=false
+        return []
+    return ["score by turn: " + ", ".join(f"{turn} → {score:.2f}" for turn, score in scores.items())]
+
+
 def likelihood_summary(likelihood: dict) -> str:
     return (
         f"answer KL {likelihood['answer_kl']:.4g} from the uncompressed model, top-1 kept at "
@@ -77,6 +87,7 @@ def run_summary(cfg: DictConfig, metrics: dict, overrides: Sequence[str] = ()) -
             ]
         )
     ]
+    lines += turn_line(metrics)
     failed = [row["error"] for row in rows if row.get("error")]
     if failed:
         lines.append(

@@ -1,8 +1,9 @@
 """Weights & Biases logging, selected by the ``wandb`` config group: ``wandb=disabled|offline|online``.
 
 ``disabled`` (the default) never imports wandb; ``offline`` writes runs under ``wandb.dir`` (or ``$WANDB_DIR``, or
-``./wandb``) for a later ``wandb sync DIR``. A run logs its config and progress, then its metrics, timings and sampled
-predictions; the runs of one Hydra multirun share a ``group`` (a report's summary run is evaluate/report/tracking.py's).
+``./wandb``) for a later ``wandb sync DIR``. A run logs its config and progress, then its metrics (its score by turn
+too, where its samples are turns of conversations), timings and sampled predictions; the runs of one Hydra multirun
+share a ``group`` (a report's summary run is evaluate/report/tracking.py's).
 A wandb failure turns the tracker off with a warning, never stopping an evaluation; a missing wandb package, or an
 unknown mode, is refused before the model loads.
 """
@@ -20,6 +21,7 @@ from evaluate.errors import ConfigError
 from evaluate.report.tracking import MODES, import_wandb
 from evaluate.score.bootstrap import sample_scores
 from evaluate.score.likelihood import FIELDS as LIKELIHOOD_FIELDS
+from evaluate.score.turns import SAMPLES_BY_TURN, SCORE_BY_TURN
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +37,16 @@ def answer_length_summary(answer_length: dict) -> dict[str, float]:
             for key, value in against.items()
             if isinstance(value, int | float)
         },
+    }
+
+
+def turn_summary(metrics: dict) -> dict[str, float | int | None]:
+    """metrics.json's score and samples by turn (evaluate/score/turns.py) as summary keys: ``score_by_turn/0``, ...,
+    ``samples_by_turn/0``, ...; none for a run whose samples are no conversations."""
+    return {
+        f"{key}/{turn}": value
+        for key in (SCORE_BY_TURN, SAMPLES_BY_TURN)
+        for turn, value in (metrics.get(key) or {}).items()
     }
 
 
@@ -112,10 +124,15 @@ class Tracker:
         for task, values in likelihood.get("tasks", {}).items():
             summary |= {f"likelihood/tasks/{task}/{key}": value for key, value in values.items()}
         summary |= answer_length_summary(metrics.get("answer_length") or {})
+        summary |= turn_summary(metrics)
         self._run.summary.update(summary)
         task_rows = [[task, values.get("score"), values.get("n")] for task, values in tasks.items()]
         task_table = self._wandb.Table(columns=["task", "score", "n"], data=task_rows)
-        self._run.log({"tasks": task_table, "predictions": self._predictions_table(rows, benchmark)})
+        record = {"tasks": task_table, "predictions": self._predictions_table(rows, benchmark)}
+        if scores := metrics.get(SCORE_BY_TURN):  # conversations: the score on each turn's samples, a row per turn
+            data = [[int(turn), score, metrics[SAMPLES_BY_TURN].get(turn)] for turn, score in scores.items()]
+            record["turns"] = self._wandb.Table(columns=["turn", "score", "n"], data=data)
+        self._run.log(record)
 
     def _predictions_table(self, rows: Sequence[dict], benchmark):
         """Up to ``table_rows`` predictions drawn with the run's seed; ``correct`` is the sample's score / 100."""

@@ -22,6 +22,7 @@ from evaluate.errors import ConfigError, refuse
 from evaluate.score.answer_length import against_baseline, own_metrics
 from evaluate.score.likelihood import likelihood_metrics
 from evaluate.score.tables import format_task_table
+from evaluate.score.turns import turn_metrics
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
@@ -62,8 +63,9 @@ def check_references(benchmark, rows: list[dict], where: str) -> None:
 
 def score_rows(benchmark, rows: list[dict], where: str = "predictions") -> dict:
     """The benchmark's metrics (none under ``generate=false``, whose rows hold no prediction), plus how many samples
-    failed (they are scored as the wrong answers they are), the likelihood fields' means and the answers' length in
-    tokens (evaluate/score/answer_length.py). ``where`` names the rows' file in a refusal (:func:`check_references`)."""
+    failed (they are scored as the wrong answers they are), the score by turn where rows are turns of conversations
+    (evaluate/score/turns.py), the likelihood fields' means and the answers' length in tokens
+    (evaluate/score/answer_length.py). ``where`` names the rows' file in a refusal (:func:`check_references`)."""
     check_references(benchmark, rows, where)
     generated = all(row.get("prediction") is not None for row in rows)
     metrics = benchmark.score(rows) if generated else not_generated(benchmark, rows)
@@ -72,6 +74,7 @@ def score_rows(benchmark, rows: list[dict], where: str = "predictions") -> dict:
         metrics["n_errors"] = sum(failed.values())
         for task, count in failed.items():
             metrics["tasks"][task]["n_errors"] = count
+    metrics |= turn_metrics(benchmark, rows, generated)
     likelihood = likelihood_metrics(rows)
     if likelihood is not None:
         metrics["likelihood"] = likelihood
