@@ -176,10 +176,16 @@ def code_debug_match(prediction: str, answers: list[str]) -> float:
 
 def choice_match(prediction: str, answers: list[str]) -> float:
     """InfiniteBench's En.MC scorer (see the module docstring for the cascade)."""
-    text = prediction.strip()
-    found = _LAST_CHOICE.search(text)
+    found = _LAST_CHOICE.search(prediction.strip())
     if found and found.group() in answers:
         return 1.0
+    return choice_cascade(prediction, answers)
+
+
+def choice_cascade(prediction: str, answers: list[str]) -> float:
+    """InfiniteBench's En.MC scorer after its standalone-letter step: the whole of SCBench's (its compute_scores.py
+    keeps only this part)."""
+    text = prediction.strip()
     if not text:
         return 0.0
     if text[0] in "ABCD":

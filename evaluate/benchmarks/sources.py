@@ -1,6 +1,7 @@
 """Where benchmark rows come from: a Hugging Face hub dataset, or local files holding the same columns.
 
-Hub datasets are read as kvpress reads them, ``datasets.load_dataset(name, data_dir=..., split=...)``; an unreachable
+Hub datasets are read as kvpress reads them, ``datasets.load_dataset(name, data_dir=..., split=...)`` (by config name,
+``load_dataset(name, config, split=...)``, where a dataset's card declares one config per task); an unreachable
 hub (offline mode, no network) becomes a :class:`~evaluate.errors.ConfigError` that names the dataset and says how
 to point ``benchmark.path`` at local files, raised before any model is loaded.
 
@@ -16,8 +17,8 @@ A local source (``benchmark.path``) is one of:
 - a directory of data files, e.g. one data_dir folder of a hub snapshot (``narrativeqa/test-00000-of-00001.parquet``):
   the files whose names start with the split are read if there are any, otherwise all of them, in path order.
 
-Hub datasets stored as one data_dir per task (or per length, for RULER) are looked up in a local directory as
-``DIR/{name}.jsonl``, ``DIR/{name}.json``, ``DIR/{name}.parquet`` or ``DIR/{name}/``, the layout of a hub snapshot.
+Hub datasets stored as one data_dir or config per task (or per length, for RULER) are looked up in a local directory
+as ``DIR/{name}.jsonl``, ``DIR/{name}.json``, ``DIR/{name}.parquet`` or ``DIR/{name}/``, the layout of a hub snapshot.
 
 Rows in kvpress's hub schema (context, question, answer_prefix, max_new_tokens and the answers) become samples
 through :func:`kvpress_sample`, taken at most ``limit`` per task by :func:`first_rows` (one data_dir per task) or
@@ -125,14 +126,20 @@ def _shown(value: Any, width: int = 40) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def hub_rows(dataset: str, data_dir: str | None, split: str, local_layout: str, schema: Schema) -> list[dict]:
-    """All rows of one hub data_dir, checked; ``local_layout`` tells the user what ``benchmark.path`` must hold
-    instead."""
+def hub_rows(
+    dataset: str, data_dir: str | None, split: str, local_layout: str, schema: Schema, config: str | None = None
+) -> list[dict]:
+    """All rows of one hub data_dir, or of one ``config`` (a dataset whose card declares one config per task, e.g.
+    SCBench), checked; ``local_layout`` tells the user what ``benchmark.path`` must hold instead."""
     from datasets import load_dataset
 
-    where = dataset if data_dir is None else f"{dataset} (data_dir {data_dir})"
+    if config is not None:
+        where, selection = f"{dataset} (config {config})", {"name": config}
+    else:
+        where = dataset if data_dir is None else f"{dataset} (data_dir {data_dir})"
+        selection = {"data_dir": data_dir}
     try:
-        rows = load_dataset(dataset, data_dir=data_dir, split=split).to_list()
+        rows = load_dataset(dataset, **selection, split=split).to_list()
     except ConnectionError as error:
         raise ConfigError(
             f"cannot load {where} from the Hugging Face hub ({error}); download it where the hub is reachable and "
@@ -190,16 +197,25 @@ def read_rows(path: Path, schema: Schema, split: str = "test") -> list[dict]:
 
 
 def rows_by_task(
-    dataset: str, tasks: Sequence[str], split: str, path: str | None, local_layout: str, schema: Schema
+    dataset: str,
+    tasks: Sequence[str],
+    split: str,
+    path: str | None,
+    local_layout: str,
+    schema: Schema,
+    configs: bool = False,
 ) -> dict[str, list[dict]]:
-    """The rows of each task, in source order, for datasets stored as one data_dir per task.
+    """The rows of each task, in source order, for datasets stored as one data_dir (or one config) per task.
 
-    From the hub, each task is its own data_dir. Locally, ``path`` is either a directory with one entry per task
-    (see :func:`locate`), or a single file / saved dataset whose rows name their task in a ``task`` (kvpress) or
-    ``dataset`` (LongBench) field. Every requested task must have rows.
+    From the hub, each task is its own data_dir, or its own config with ``configs``. Locally, ``path`` is either a
+    directory with one entry per task (see :func:`locate`), or a single file / saved dataset whose rows name their
+    task in a ``task`` (kvpress) or ``dataset`` (LongBench) field. Every requested task must have rows.
     """
     if path is None:
-        return {task: hub_rows(dataset, task, split, local_layout, schema) for task in tasks}
+        return {
+            task: hub_rows(dataset, None if configs else task, split, local_layout, schema, task if configs else None)
+            for task in tasks
+        }
     root = Path(path).expanduser()
     if root.is_dir() and not is_saved_dataset(root):
         found = {task: locate(root, task) for task in tasks}
