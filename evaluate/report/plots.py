@@ -164,6 +164,17 @@ def _style(
     ax.spines[["top", "right"]].set_visible(False)
 
 
+def _score_axes(ax, scores: Iterable[float | None], xlabel: str, ylabel: str, title: str) -> None:
+    """A one-panel figure's axes: the score range, the grid, and its labels."""
+    ax.tick_params(labelsize=11)
+    _y_limits(ax, scores, score=True)
+    ax.grid(True, alpha=0.3)
+    ax.spines[["top", "right"]].set_visible(False)
+    ax.set_xlabel(xlabel, fontsize=12)
+    ax.set_ylabel(ylabel, fontsize=12)
+    ax.set_title(title, fontsize=13)
+
+
 def _save(fig, path: Path, dpi: int) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     # The canvas grows to hold the legend: long method and variant labels are never cut off at the edge.
@@ -255,13 +266,8 @@ def plot_turns(benchmark: str, frame: pd.DataFrame, path: Path) -> Path:
     for marker, (label, line) in zip(_MARKERS, references.groupby("point", sort=False), strict=False):
         ax.plot(line.turn, line.turn_score, "--", color=_REFERENCE_COLOR, linewidth=1.5, marker=marker, label=label)
     ax.set_xticks(sorted(points.turn.unique()))
-    ax.tick_params(labelsize=11)
-    _y_limits(ax, points.turn_score, score=True)
-    ax.grid(True, alpha=0.3)
-    ax.spines[["top", "right"]].set_visible(False)
-    ax.set_xlabel("turn of the conversation (0: its first question)", fontsize=12)
-    ax.set_ylabel("score on the turn's samples", fontsize=12)
-    ax.set_title(f"{benchmark}: score by turn", fontsize=13)
+    xlabel = "turn of the conversation (0: its first question)"
+    _score_axes(ax, points.turn_score, xlabel, "score on the turn's samples", f"{benchmark}: score by turn")
     return _finish(fig, ax, points, "multi-turn: one cache across the turns; dashed: ", path)
 
 
@@ -432,13 +438,8 @@ def plot_cost(benchmark: str, frame: pd.DataFrame, path: Path) -> Path:
         label = f"no compression{reference.line.removeprefix(NO_PRESS)} ({reference.score:.2f})"
         ax.plot(reference.mib, reference.score, "s", color=_REFERENCE_COLOR, markersize=8, label=label)
     ax.set_xscale("log")
-    ax.tick_params(labelsize=11)
-    _y_limits(ax, runs.score, score=True)
-    ax.grid(True, alpha=0.3)
-    ax.spines[["top", "right"]].set_visible(False)
-    ax.set_xlabel("KV cache held per context (MiB, log scale)", fontsize=12)
-    ax.set_ylabel("score", fontsize=12)
-    ax.set_title(f"{benchmark}: score against the memory the cache really holds", fontsize=13)
+    title = f"{benchmark}: score against the memory the cache really holds"
+    _score_axes(ax, runs.score, "KV cache held per context (MiB, log scale)", "score", title)
     return _finish(fig, ax, runs, "labels: compression ratio; square: ", path)
 
 
