@@ -16,7 +16,7 @@ from functools import partial
 from types import SimpleNamespace
 
 import torch
-from kvpress import DecodingPress, PrefillDecodingPress
+from kvpress import DecodingPress
 from transformers import DynamicCache
 
 from evaluate.benchmarks import Sample
@@ -36,6 +36,7 @@ from evaluate.engine.turns import Conversation, follow_up_ids
 from evaluate.errors import ConfigError
 from evaluate.points.budget import apply_budget
 from evaluate.points.plan import Plan
+from evaluate.points.press_traits import decoding_part
 
 logger = logging.getLogger(__name__)
 
@@ -410,8 +411,7 @@ def conversation_of(plan: Plan, turns: list[Sample], first_input: torch.Tensor, 
     pipeline tokenizes it (``first_input``), each later turn's follow-up, each turn's reference answer as the
     likelihood fields teacher-force it, and the answers recorded for the turns before the first one left to answer.
     A ``ValueError`` where such a turn cannot be replayed: it failed, and ``history=model`` needs its answer."""
-    todo = {sample.id for sample in plan.todo}
-    first_asked = next(turn for turn, sample in enumerate(turns) if sample.id in todo)
+    first_asked = turns.index(plan.asked(turns)[0])
     keep_answers = plan.spec.history == "model"
     recorded: list[tuple[int, ...] | None] = [None] * len(turns)
     for turn, sample in enumerate(turns[:first_asked]):
@@ -452,8 +452,7 @@ def answer_conversations(plan: Plan, model, tokenizer, budget: int) -> Iterator[
 
 def _conversation(plan: Plan, pipe, tokens: GreedyTokens, probe: PrefillProbe, turns, budget) -> Iterator:
     model, tokenizer, press = pipe.model, pipe.tokenizer, plan.press
-    todo = {sample.id for sample in plan.todo}
-    asked = [sample for sample in turns if sample.id in todo]
+    asked = plan.asked(turns)
     probe.reset()
     answered = 0
     try:
@@ -479,10 +478,10 @@ def _conversation(plan: Plan, pipe, tokens: GreedyTokens, probe: PrefillProbe, t
         cost = Cost(prefill_seconds=probe.seconds, forward_passes=probe.forward_passes, prefills=1)
         cost.kv_bytes_held, cost.kv_bytes_kept = held, kept
         conversation.start(context_length)
-        decoding = isinstance(press, (DecodingPress, PrefillDecodingPress))
+        decoding = decoding_part(press) is not None
         with press(model) if decoding else nullcontext(), torch.no_grad():
             for sample in turns:
-                result, answer, turn_cost = _turn(plan, pipe, tokens, probe, conversation, cache, sample)
+                result, answer, turn_cost = _turn(pipe, tokens, probe, conversation, cache, sample)
                 cost = cost + turn_cost  # a replayed turn's passes go to the next answered turn
                 if result is not None:
                     result.kept_ratio, result.context_length = kept_ratio, context_length
@@ -510,7 +509,7 @@ def _conversation(plan: Plan, pipe, tokens: GreedyTokens, probe: PrefillProbe, t
             layer.self_attn.masked_key_indices = None
 
 
-def _turn(plan: Plan, pipe, tokens: GreedyTokens, probe: PrefillProbe, conversation: Conversation, cache, sample):
+def _turn(pipe, tokens: GreedyTokens, probe: PrefillProbe, conversation: Conversation, cache, sample):
     """One turn on the conversation's cache: answered with kvpress's ``generate_answer`` (its result), or replayed
     from its record in the passes its generation made (no result); with the answer's tokens and the turn's cost."""
     forced = conversation.forced()

@@ -306,7 +306,8 @@ class PoolEngine:
             except ValueError as failure:
                 yield from (_failed(point, [sample], failure, Cost()) for sample in plan.asked(group))
                 return
-            request = DecodeRequest(cache, ids[0], context.length, 0, hidden, decoding=decoding)
+            first_turn = conversation.max_new_tokens[0]
+            request = DecodeRequest(cache, ids[0], context.length, first_turn, hidden, decoding=decoding)
             loop.submit(*self._turns(result, conversation, request, prefill_cache))
             return
         answers = GroupAnswers(result, self.tokenizer, pending=len(ids), prefill_cache=prefill_cache)
@@ -328,8 +329,11 @@ class PoolEngine:
             if conversation.recorded[turn] is not None:  # replayed from an earlier session's record
                 tags.append(None)
                 continue
-            group = AnsweredGroup(result.point, [sample], [None], result.kept_ratio, result.context_length, cost)
-            group.contexts = 1 if answers == [] else 0  # the context's cost, once per conversation
+            # The context's cost and bytes, once per conversation: on its first answered turn.
+            contexts = 0 if answers else 1
+            group = AnsweredGroup(
+                result.point, [sample], [None], result.kept_ratio, result.context_length, cost, contexts=contexts
+            )
             cost = Cost()
             answers.append(GroupAnswers(group, self.tokenizer, pending=1, prefill_cache=prefill_cache))
             tags.append((answers[-1], 0))
