@@ -165,31 +165,60 @@ class RowCompression:
         return torch.zeros_like(heads), heads, positions
 
 
-def write_fake_keys(keys: torch.Tensor, query: torch.Tensor, masked: dict[int, tuple[torch.Tensor, torch.Tensor]]):
+def write_fake_keys(
+    keys: torch.Tensor, query: torch.Tensor, masked: dict[int, tuple[torch.Tensor, torch.Tensor]]
+) -> dict[int, Exception]:
     """kvpress's attention patch for the rows whose decoding press masked keys (AdaKV), on one layer of a decoding
     step, before its attention: slot ``s``'s masked (heads, positions) in ``keys`` (the layer's slot buffer) become a
     fake key per KV head, built by kvpress's ``search_hyperplane`` from ``s``'s queries of this step (``query``, one
     line per slot), that no query of its group attends. kvpress builds one row's fake keys per call; a KV head's
     search is independent of the others' (a head already found adds zero while the others search), so all rows
-    search in one call."""
+    search in one call. Returns the slots whose search raised (kvpress's "Could not find fake keys"), with the
+    exception: their keys are left as they were, and the pool fails those rows alone after the pass."""
     slots = list(masked)
+    failures = {}
+    try:
+        fake = _fake_keys(query, slots, keys.shape[1])
+    except Exception:
+        # One row's search failed: search each row alone (a KV head's search is its own, so the others' keys are
+        # those the joint search gives) and hand back the rows that fail, so that theirs alone fail.
+        fake = torch.zeros(len(slots), keys.shape[1], keys.shape[3], dtype=keys.dtype, device=keys.device)
+        for line, slot in enumerate(slots):
+            try:
+                fake[line] = _fake_keys(query, [slot], keys.shape[1])[0]
+            except Exception as failure:
+                failures[slot] = failure
+    for line, slot in enumerate(slots):
+        if slot not in failures:
+            head_indices, positions = masked[slot]
+            keys[slot, head_indices, positions] = fake[line, head_indices]
+    return failures
+
+
+def _fake_keys(query: torch.Tensor, slots: list[int], kv_heads: int) -> torch.Tensor:
+    """kvpress's fake key per KV head of each of ``slots`` ([slots, KV heads, head_dim]) from their ``query``."""
     rows = query[slots]
     count, heads, width, head_dim = rows.shape
-    kv_heads = keys.shape[1]
     # Query heads h * groups ... h * groups + groups - 1 share KV head h, as in kvpress's view of the queries.
     grouped = rows.reshape(count, kv_heads, heads // kv_heads, width, head_dim).reshape(count * kv_heads, -1, head_dim)
-    fake = search_hyperplane(grouped).view(count, kv_heads, head_dim)
-    for line, slot in enumerate(slots):
-        head_indices, positions = masked[slot]
-        keys[slot, head_indices, positions] = fake[line, head_indices]
+    return search_hyperplane(grouped).view(count, kv_heads, head_dim)
 
 
-def compress_after_pass(cache: RowStore, modules, inputs: LayerInputs, served: list[tuple[int, object, int, int]]):
+def compress_after_pass(
+    cache: RowStore, modules, inputs: LayerInputs, served: list[tuple[int, object, int, int]]
+) -> dict[int, Exception]:
     """Run each served row's decoding compression after a pool pass: ``served`` lists (slot, row, line of the row in
-    the pass, real query length) for the rows the pass served; rows without a decoding press are skipped."""
+    the pass, real query length) for the rows the pass served; rows without a decoding press are skipped. Returns
+    the slots whose press raised, with its exception: a row's compression touches its own slot alone, so the other
+    rows go on as if the failing row had never been in the pool (its point's failure stays its own)."""
+    failures = {}
     for slot, row, batch_index, query_length in served:
         if row.compression is not None:
-            row.compression.after_pass(cache, slot, modules, inputs, batch_index, query_length)
+            try:
+                row.compression.after_pass(cache, slot, modules, inputs, batch_index, query_length)
+            except Exception as failure:
+                failures[slot] = failure
+    return failures
 
 
 def kept_after_answer(cache, final_lengths: tuple[int, ...], final_masks: tuple, context_length: int):

@@ -132,7 +132,7 @@ class DecodingPool:
     def step(self) -> list[FinishedRow]:
         """Admit waiting rows into free slots and run the questions of every row that asks (new rows, and
         conversations' rows at their next turn) in one pass, then decode one token for every other row; returns the
-        rows that finished (a conversation's: each turn it answered)."""
+        rows that finished (a conversation's: each turn it answered), and those whose own press raised, with it."""
         finished: list[FinishedRow] = []
         with torch.no_grad(), pool_attention_active(self.model), self._layer_inputs() as inputs:
             finished += self._admit(inputs)
@@ -145,10 +145,14 @@ class DecodingPool:
                     if (row := self.rows[slot]).compression is not None and any(row.compression.masked)
                 }
                 tokens = self.runner.decode(self.cache, [self.rows[slot] for slot in decoding])
-                self.cache.masked = {}
-                self._compress(inputs, [(slot, self.rows[slot], slot, 1) for slot in decoding])
+                self.cache.masked, failed, self.cache.failed = {}, self.cache.failed, {}
+                served = [(slot, self.rows[slot], slot, 1) for slot in decoding if slot not in failed]
+                failed.update(self._compress(inputs, served))
                 for slot in decoding:
-                    finished += self._append(slot, self.rows[slot], tokens[slot])
+                    if slot in failed:
+                        finished.append(self._fail(slot, self.rows[slot], failed[slot]))
+                    else:
+                        finished += self._append(slot, self.rows[slot], tokens[slot])
             self._compact()
         return finished
 
@@ -159,10 +163,12 @@ class DecodingPool:
             return LayerInputs(self.attention_modules)
         return nullcontext()
 
-    def _compress(self, inputs: LayerInputs | None, served: list[tuple]) -> None:
-        """Each served row's decoding compression after a pass (evaluate/engine/decoding_compression.py)."""
-        if inputs is not None:
-            compress_after_pass(self.cache, self.attention_modules, inputs, served)
+    def _compress(self, inputs: LayerInputs | None, served: list[tuple]) -> dict[int, Exception]:
+        """Each served row's decoding compression after a pass (evaluate/engine/decoding_compression.py); returns the
+        slots whose press raised, which fail alone (:meth:`_fail`)."""
+        if inputs is None:
+            return {}
+        return compress_after_pass(self.cache, self.attention_modules, inputs, served)
 
     # Slots
 
@@ -185,11 +191,13 @@ class DecodingPool:
             self.cache.set_live(slot, 1)
         outputs = self.runner.ask_questions(self.cache, joining, rows)
         pairs = enumerate(zip(joining, rows, strict=True))
-        self._compress(inputs, [(slot, row, line, row.input_ids.shape[1]) for line, (slot, row) in pairs])
+        failed = self._compress(inputs, [(slot, row, line, row.input_ids.shape[1]) for line, (slot, row) in pairs])
         finished = []
         for slot, row, output in zip(joining, rows, outputs, strict=True):
             row.asking = False
-            if row.request.answer_ids is None:
+            if slot in failed:
+                finished.append(self._fail(slot, row, failed[slot]))
+            elif row.request.answer_ids is None:
                 finished += self._append(slot, row, output)
             else:
                 finished.append(self._leave(slot, row, output))
@@ -268,6 +276,13 @@ class DecodingPool:
         self.rows[slot] = None
         self.cache.free(slot)
         return finished
+
+    def _fail(self, slot: int, row: RunningRow, failure: Exception) -> FinishedRow:
+        """A row whose own work in a pass raised leaves with the failure; the pass's other rows keep what it gave
+        them, as their rows never read another's slot."""
+        self.rows[slot] = None
+        self.cache.free(slot)
+        return FinishedRow(row.request.tag, [], row.cost, turn=row.turn, failure=failure)
 
     def _compact(self) -> None:
         """Once no row waits and most slots are idle, decode the remaining rows in a smaller buffer."""

@@ -59,6 +59,12 @@ class GroupAnswers:
         cost.generated_tokens += row_cost.generated_tokens
         self.pending -= 1
 
+    def fail(self, failure: Exception) -> None:
+        """A row of the group failed on its own (its press raised): the group is recorded with that failure once
+        its other rows have arrived."""
+        self.result.failure = self.result.failure or failure
+        self.pending -= 1
+
     @property
     def complete(self) -> bool:
         return self.pending == 0
@@ -126,8 +132,9 @@ def _failed(point: int, group: list[Sample], failure: Exception, cost: Cost) -> 
 
 class PoolLoop:
     """The engine's loop over the decoding pool: submit a group's rows, then step (schedule, execute, update) until
-    groups complete; each step gives back the groups it completed, and a failed pass every unanswered group with
-    the failure (it leaves the rows it served in an unknown state)."""
+    groups complete; each step gives back the groups it completed. A row whose own press raised fails its group
+    alone (and a conversation's turns it had left), while the step's other rows go on; a pass that raised as a
+    whole gives back every unanswered group with the failure (it leaves the rows it served in an unknown state)."""
 
     def __init__(self, pool: DecodingPool):
         self.pool = pool
@@ -154,6 +161,12 @@ class PoolLoop:
             self.outstanding.clear()
             return failed
         for row in finished:
+            if row.failure is not None:
+                # A conversation's turns after the failed one will never be asked: they fail with it.
+                tags = [row.tag] if row.turn is None else [tag for tag in row.tag[row.turn :] if tag is not None]
+                for answers, _ in tags:
+                    answers.fail(row.failure)
+                continue
             answers, index = row.tag if row.turn is None else row.tag[row.turn]
             kept = None
             if row.final_lengths is not None:

@@ -133,7 +133,9 @@ class FinishedRow:
     """What a pool step gives back for a row that left: the greedy tokens (or the teacher-forced log-probabilities),
     its cost, and its request's ``tag`` (a conversation's: the ``turn`` answered); for a row that compressed while
     decoding, each layer's length when it left
-    (``final_lengths``) and the keys its last compression masked on each layer (``final_masks``, AdaKV's)."""
+    (``final_lengths``) and the keys its last compression masked on each layer (``final_masks``, AdaKV's). A row
+    whose own work raised (its press's compression) leaves with the ``failure`` and no output; the step's other
+    rows go on."""
 
     tag: object
     output: list[int] | torch.Tensor
@@ -141,6 +143,7 @@ class FinishedRow:
     final_lengths: tuple[int, ...] | None = None
     final_masks: tuple | None = None
     turn: int | None = None
+    failure: Exception | None = None
 
 
 def hidden_keys(attention_modules) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, ...]:

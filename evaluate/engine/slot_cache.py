@@ -142,6 +142,8 @@ class SlotCache:
         # A decoding step's rows whose decoding press masks keys (AdaKV): slot -> its masks per layer (the scheduler
         # sets them for the step; evaluate/engine/decoding_compression.py).
         self.masked: dict[int, list] = {}
+        # The slots whose fake keys could not be built in this step, with the error: the scheduler fails them alone.
+        self.failed: dict[int, Exception] = {}
 
     @staticmethod
     def slot_bytes(model, capacity: int) -> int:
@@ -303,8 +305,9 @@ class SlotCache:
         """Before a decoding step's attention on one layer: the masked keys of :attr:`masked`'s rows become fake keys
         built from the step's ``query`` (the attention groups are views of the buffer, so they see them)."""
         on_layer = {slot: masks[layer_idx] for slot, masks in self.masked.items() if masks[layer_idx] is not None}
+        on_layer = {slot: masks for slot, masks in on_layer.items() if slot not in self.failed}
         if on_layer:
-            write_fake_keys(self.keys[layer_idx], query, on_layer)
+            self.failed.update(write_fake_keys(self.keys[layer_idx], query, on_layer))
 
     def _segment(self, layer_idx: int, start: int, stop: int, width: int) -> tuple:
         """Slots ``start:stop`` of a decoding step over their first ``width`` keys: views, nothing copied."""
