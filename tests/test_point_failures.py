@@ -17,7 +17,7 @@ from evaluate import rundir
 from evaluate.engine import decoding_compression
 from evaluate.points.config import run_dir
 from evaluate.run.entry import run_sweep
-from tests.support import compose_config
+from tests.support import compose_config, with_conversations
 from tests.test_decoding_compression import KNOBS, LIVELY
 from tests.test_decoding_compression import ruler_file as ruler_file  # noqa: F401  (the module's fixture)
 
@@ -102,3 +102,43 @@ def test_a_row_whose_fake_keys_cannot_be_found_fails_alone(monkeypatch):
     assert list(failures) == [1] and "Could not find fake keys" in str(failures[1])
     assert torch.equal(keys[[0, 2]], alone[[0, 2]])
     assert torch.equal(keys[1], alone[1])  # the failing row's keys are left as they were
+
+
+@pytest.mark.slow  # two sweeps of conversations on the tiny model, on each path
+@pytest.mark.parametrize("decode_batch_size", [32, 1], ids=["pool", "pipeline"])
+def test_a_conversation_whose_press_fails_fails_its_turns_alone(tmp_path, monkeypatch, decode_batch_size):
+    """A conversation's row whose decoding press raises leaves the pool with the turn it was on, and the turns it had
+    left fail with it (none waits forever); the other point's conversations answer as in a sweep without it."""
+    knobs = (*(f"{knob}={value}" for knob, value in KNOBS.items()), "turns=multi", "history=model", "dtype=float64")
+
+    def conversations(output_dir, methods):
+        cfgs = [
+            with_conversations(
+                compose_config(
+                    output_dir,
+                    "limit=null",
+                    LIVELY,
+                    f"method={method}",
+                    *knobs,
+                    f"decode_batch_size={decode_batch_size}",
+                )
+            )
+            for method in methods
+        ]
+        run_sweep(cfgs)
+        return [rundir.read_predictions(run_dir(cfg) / rundir.PREDICTIONS) for cfg in cfgs]
+
+    (alone,) = conversations(tmp_path / "alone", ["decoding_knorm"])
+    monkeypatch.setattr(TOVAPress, "score", _raise)
+    mixed, failing = conversations(tmp_path / "mixed", ["decoding_knorm", "decoding_tova"])
+
+    assert {row["id"]: row["prediction"] for row in mixed} == {row["id"]: row["prediction"] for row in alone}
+    assert not [row for row in mixed if row.get("error")]
+    assert len(failing) == len(alone) == 6  # every turn is recorded, answered or failed
+    failed = [row for row in failing if "planted" in row.get("error", "")]
+    assert failed
+    # A conversation's turns after its first failed one failed too.
+    for conversation in {row["conversation"] for row in failed}:
+        turns = sorted((row["turn"], bool(row.get("error"))) for row in failing if row["conversation"] == conversation)
+        first = next(turn for turn, error in turns if error)
+        assert all(error for turn, error in turns if turn >= first)

@@ -25,6 +25,8 @@ longer names keeps its stale fake key. The pool does the same per row: :class:`R
 per layer, and :func:`write_fake_keys` writes the fake keys into the row's slot before each decoding step's attention.
 """
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -48,6 +50,32 @@ class RowStore(Protocol):
 def keeps_every_key(press: DecodingPress) -> bool:
     """Whether the press's compressions leave the cache whole and mask keys instead (AdaKV as the base press)."""
     return isinstance(press.base_press, AdaKVPress)
+
+
+def removes_pairs(press: DecodingPress, keys: torch.Tensor) -> bool:
+    """Whether a compression of a layer holding ``keys`` removes (AdaKV: masks) pairs: kvpress's ratio is 0, and the
+    compression a no-op, while the layer holds at most ``target_size`` pairs."""
+    return keys.shape[2] > press.target_size
+
+
+@contextmanager
+def counting_removals(press: DecodingPress | None) -> Iterator[list[int]]:
+    """While the block runs, count the compressions of ``press`` (kvpress's own, on the pipeline's path) that remove
+    pairs (:func:`removes_pairs`): yields a list whose one item is the count (nothing is counted without a press)."""
+    count = [0]
+    if press is None:
+        yield count
+        return
+
+    def compress(module, hidden_states, keys, *args, **kwargs):
+        count[0] += removes_pairs(press, keys)
+        return type(press).compress(press, module, hidden_states, keys, *args, **kwargs)
+
+    press.compress = compress  # kvpress's hook calls self.compress: this object's alone is counted
+    try:
+        yield count
+    finally:
+        del press.compress
 
 
 def decoding_slot_length(press: DecodingPress, cache_length: int, question_length: int, max_new_tokens: int) -> int:
@@ -101,6 +129,7 @@ class RowCompression:
     steps: list[int] = field(default_factory=list)
     masked: list[tuple[torch.Tensor, torch.Tensor] | None] = field(default_factory=list)
     compressions: int = 0
+    removals: int = 0  # compressions that removed (or, AdaKV, masked) pairs: the layer held more than its target
 
     def __post_init__(self) -> None:
         self.buffers = [[] for _ in range(self.layers)]
@@ -140,6 +169,7 @@ class RowCompression:
         """The layer's compression by the row's press's own ``compress`` on the row's own keys and values, the result
         written back into its slot; the layer's counter reset and its buffer cleared, as kvpress's hook does."""
         keys, values = cache.row(layer_idx, slot)
+        self.removals += removes_pairs(self.press, keys)
         hidden = torch.cat(self.buffers[layer_idx], dim=1)
         # AdaKV reads and leaves its masks on the module, which rows share here: set to the row's own, read back,
         # cleared (a ratio of 0 returns early and leaves them as they were, as for a row alone).

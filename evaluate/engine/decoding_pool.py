@@ -266,10 +266,11 @@ class DecodingPool:
 
     def _answered(self, slot: int, row: RunningRow, output) -> FinishedRow:
         """A row's answer as it stands in its slot: for a decoding press, with the lengths and masks it left."""
-        final, masks = None, None
+        final, masks, compressed = None, None, None
         if row.compression is not None:
             final, masks = tuple(self.cache.host_lengths[:, slot].tolist()), tuple(row.compression.masked)
-        return FinishedRow(row.request.tag, output, row.cost, final, masks, row.turn)
+            compressed = row.compression.removals > 0
+        return FinishedRow(row.request.tag, output, row.cost, final, masks, row.turn, compressed=compressed)
 
     def _leave(self, slot: int, row: RunningRow, output) -> FinishedRow:
         finished = self._answered(slot, row, output)

@@ -21,7 +21,7 @@ from transformers import DynamicCache
 
 from evaluate.benchmarks import Sample
 from evaluate.engine.cost import Cost, kv_bytes, measure_kept_ratio
-from evaluate.engine.decoding_compression import kept_after_answer
+from evaluate.engine.decoding_compression import counting_removals, kept_after_answer
 from evaluate.engine.decoding_pool import DecodingPool, stop_token_ids
 from evaluate.engine.devices import input_device, synchronizer
 from evaluate.engine.requests import AnsweredGroup, GeneratedAnswer, hidden_keys
@@ -109,12 +109,16 @@ class GreedyTokens:
     logits, on the very tensor the pipeline reads. ``answers`` holds each call's answer since ``reset``.
     """
 
-    def __init__(self, pipe):
+    def __init__(self, pipe, decoding: DecodingPress | None = None):
         self.stop_ids = stop_token_ids(pipe.model)
         self._model, self._generate = pipe.model, pipe.generate_answer
         pipe.generate_answer = self._generate_answer
         self.answers: list[GeneratedAnswer] = []
         self._tokens: list[int] = []
+        # A decoding-time press's compressions that removed pairs of the cache (GeneratedAnswer.compressed): counted
+        # from the cache's prefill on, so that a conversation's later turn counts its earlier turns' too.
+        self._decoding = decoding
+        self.removals = 0
 
     def reset(self) -> None:
         self.answers = []
@@ -127,10 +131,13 @@ class GreedyTokens:
         self._tokens = []
         handle = self._model.register_forward_hook(self._take)
         try:
-            answer = self._generate(*args, **kwargs)
+            with counting_removals(self._decoding) as removals:
+                answer = self._generate(*args, **kwargs)
         finally:
             handle.remove()
-        self.answers.append(GeneratedAnswer.of(self._tokens, self.stop_ids))
+        self.removals += removals[0]
+        compressed = None if self._decoding is None else self.removals > 0
+        self.answers.append(GeneratedAnswer.of(self._tokens, self.stop_ids, compressed))
         return answer
 
 
@@ -295,7 +302,7 @@ def answer_with_pipeline(plan: Plan, model, tokenizer, budget: int) -> Iterator[
     """Each context group of ``plan`` through kvpress's pipeline, the press hooked into the prefill; yields each
     group's answers (point 0: the one plan) as they are finished, a failed group's with its failure."""
     pipe = make_pipeline(model, tokenizer, plan.spec.device)
-    tokens = GreedyTokens(pipe)
+    tokens = GreedyTokens(pipe, decoding_part(plan.press))
     probe = PrefillProbe(model)
     # kvpress's runner seeds once before its run: a press drawing random numbers (RandomPress, Compactor's sketch)
     # draws the same ones here.
@@ -306,6 +313,7 @@ def answer_with_pipeline(plan: Plan, model, tokenizer, budget: int) -> Iterator[
         for group in plan.groups():
             probe.reset()
             tokens.reset()
+            tokens.removals = 0
             group_start = time.perf_counter()
             cache = DynamicCache()
             inputs = _PipelineInputs(
@@ -440,7 +448,7 @@ def answer_conversations(plan: Plan, model, tokenizer, budget: int) -> Iterator[
     its ``_remove_answer_from_cache`` (evaluate/engine/turns.py says what stays of each answer). Yields each turn's
     answer (point 0) as it is finished; a failure fails the turn and every later turn of its conversation."""
     pipe = make_pipeline(model, tokenizer, plan.spec.device)
-    tokens = GreedyTokens(pipe)
+    tokens = GreedyTokens(pipe, decoding_part(plan.press))
     probe = PrefillProbe(model)
     torch.manual_seed(plan.spec.seed)  # as answer_with_pipeline: kvpress's runner seeds once before its run
     try:
@@ -454,6 +462,7 @@ def _conversation(plan: Plan, pipe, tokens: GreedyTokens, probe: PrefillProbe, t
     model, tokenizer, press = pipe.model, pipe.tokenizer, plan.press
     asked = plan.asked(turns)
     probe.reset()
+    tokens.removals = 0
     answered = 0
     try:
         first = turns[0]

@@ -173,7 +173,8 @@ class PoolLoop:
                 kept = kept_after_answer(
                     answers.prefill_cache, row.final_lengths, row.final_masks, answers.result.context_length
                 )
-            answers.arrive(index, GeneratedAnswer.of(row.output, self.pool.stop_ids), row.cost, kept)
+            answer = GeneratedAnswer.of(row.output, self.pool.stop_ids, row.compressed)
+            answers.arrive(index, answer, row.cost, kept)
         complete = [answers.result for answers in self.outstanding if answers.complete]
         self.outstanding[:] = [answers for answers in self.outstanding if not answers.complete]
         return complete

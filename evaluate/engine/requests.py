@@ -133,7 +133,8 @@ class FinishedRow:
     """What a pool step gives back for a row that left: the greedy tokens (or the teacher-forced log-probabilities),
     its cost, and its request's ``tag`` (a conversation's: the ``turn`` answered); for a row that compressed while
     decoding, each layer's length when it left
-    (``final_lengths``) and the keys its last compression masked on each layer (``final_masks``, AdaKV's). A row
+    (``final_lengths``), the keys its last compression masked on each layer (``final_masks``, AdaKV's) and whether
+    any compression removed pairs (``compressed``, :class:`GeneratedAnswer`). A row
     whose own work raised (its press's compression) leaves with the ``failure`` and no output; the step's other
     rows go on."""
 
@@ -144,6 +145,7 @@ class FinishedRow:
     final_masks: tuple | None = None
     turn: int | None = None
     failure: Exception | None = None
+    compressed: bool | None = None
 
 
 def hidden_keys(attention_modules) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, ...]:
@@ -166,15 +168,18 @@ def hidden_keys(attention_modules) -> tuple[tuple[torch.Tensor, torch.Tensor] | 
 @dataclass(frozen=True)
 class GeneratedAnswer:
     """One greedy answer as token ids, exactly as decoded (its stop token included), and whether it ended on a stop
-    token rather than at its ``max_new_tokens``."""
+    token rather than at its ``max_new_tokens``; under a decoding-time press, whether the press removed pairs of the
+    row's cache before the answer ended (``compressed``: a press whose target holds the whole row never does, and
+    the row is the uncompressed model's), else None."""
 
     token_ids: tuple[int, ...]
     stopped_on_eos: bool
+    compressed: bool | None = None
 
     @classmethod
-    def of(cls, tokens: list[int], stop_ids: set[int]) -> "GeneratedAnswer":
+    def of(cls, tokens: list[int], stop_ids: set[int], compressed: bool | None = None) -> "GeneratedAnswer":
         # As both paths stop: the first token (the question's own output) is never tested against the stop tokens.
-        return cls(tuple(int(token) for token in tokens), len(tokens) > 1 and int(tokens[-1]) in stop_ids)
+        return cls(tuple(int(token) for token in tokens), len(tokens) > 1 and int(tokens[-1]) in stop_ids, compressed)
 
 
 @dataclass

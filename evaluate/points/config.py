@@ -25,14 +25,18 @@ from evaluate import registry, rundir
 from evaluate.errors import ConfigError
 from evaluate.keys import NON_RESULT_KEYS, without_single_turn
 from evaluate.points.budget import why_not_budget
+from evaluate.points.overrides import default_setting
 from evaluate.points.press_traits import (
     changes_the_model,
+    decoding_part,
     downloads,
     kvpress_defect,
     members,
     needs_eager,
     needs_non_eager,
     needs_query_aware,
+    prefill_part,
+    why_not_decoding_window,
     why_not_multi_turn,
     why_not_teacher_forced,
 )
@@ -114,14 +118,23 @@ def uses_registry_entry(cfg: DictConfig) -> bool:
 
 
 def refuse_unread_knobs(cfg: DictConfig) -> None:
-    """Refuse a single run's knob that its registry entry does not read, or a ``max_new_tokens`` with
-    ``generate=false``: it would only duplicate the run without it. (A sweep may give one knob to several entries, or
-    max_new_tokens to generate=true,false; the points that do not read it run without it.)"""
+    """Refuse a single run's knob that its registry entry does not read, a ``cr`` its decoding-time press does not
+    read, or a ``max_new_tokens`` with ``generate=false``: it would only duplicate the run without it. (A sweep may
+    give one knob to several entries, or max_new_tokens to generate=true,false; the points that do not read it run
+    without it.)"""
     if not cfg.generate and cfg.max_new_tokens is not None:
         raise ConfigError(
             f"generate=false decodes nothing, so max_new_tokens={cfg.max_new_tokens} is never read; drop it "
             "(it would only duplicate the run without it)"
         )
+    refuse_unread_cr(cfg)
+    if not compresses(cfg):
+        given = [f"{knob}={cfg.get(knob)}" for knob in sorted(registry.RUNNER_KNOBS) if cfg.get(knob) is not None]
+        if given:
+            raise ConfigError(
+                f"the uncompressed run reads no press knob: drop {' '.join(given)} (it would only duplicate the run "
+                "without it)"
+            )
     if not uses_registry_entry(cfg):
         return
     unread = registry.unread_knobs(cfg.press.method, {knob: cfg.get(knob) for knob in registry.RUNNER_KNOBS})
@@ -139,6 +152,28 @@ def uses_scorer(cfg: DictConfig) -> bool:
     return compresses(cfg) and cfg.press.press.get("_target_") != registry.BUILD_TARGET
 
 
+def decoding_target(cfg: DictConfig) -> tuple[int, int] | None:
+    """``(target_size, compression_interval)`` of a point whose press compresses only while decoding (kvpress's
+    ``DecodingPress``, CAM's included): it keeps ``target_size`` pairs of each row, whatever ``cr`` says, so that
+    target is its axis. None for every other point (a ``PrefillDecodingPress`` compresses its prefill by a ratio)."""
+    press = described_press(cfg) if compresses(cfg) else None
+    decoding = decoding_part(press)
+    if decoding is None or prefill_part(press) is not None:
+        return None
+    return decoding.target_size, decoding.compression_interval
+
+
+def refuse_unread_cr(cfg: DictConfig) -> None:
+    """Refuse a ``cr`` other than conf/config.yaml's default beside a decoding-time press, which never reads it: the
+    run would be filed under a ratio it did not apply."""
+    target = decoding_target(cfg)
+    if target is not None and cfg.cr != default_setting("cr"):
+        raise ConfigError(
+            f"method={method_name(cfg)} keeps target_size={target[0]} pairs while decoding and never reads "
+            f"cr={cfg.cr}; drop cr (its axes are target_size= and compression_interval=)"
+        )
+
+
 def effective_budget(cfg: DictConfig) -> int | None:
     """The token budget of each context (``budget=N``), or None: for ``cr`` runs and presses that do not compress."""
     budget = cfg.get("budget")
@@ -147,16 +182,21 @@ def effective_budget(cfg: DictConfig) -> int | None:
 
 def effective_cr(cfg: DictConfig) -> float | None:
     """The compression ratio actually applied: presses that do not compress apply 0; a token budget applies none
-    (each context gets its own ratio, evaluate/points/budget.py)."""
-    if effective_budget(cfg) is not None:
+    (each context gets its own ratio, evaluate/points/budget.py), nor a decoding-time press (its target decides)."""
+    if effective_budget(cfg) is not None or decoding_target(cfg) is not None:
         return None
     return float(cfg.cr) if compresses(cfg) else 0.0
 
 
 def kept_text(cfg: DictConfig) -> str:
-    """How much a point keeps, as its lines print it: ``budget=N``, or the ratio as run names write it."""
-    budget = effective_budget(cfg)
-    return rundir.cr_text(effective_cr(cfg)) if budget is None else f"budget={budget}"
+    """How much a point keeps, as its lines print it: ``budget=N``, a decoding-time press's target, or the ratio as
+    run names write it."""
+    budget, target = effective_budget(cfg), decoding_target(cfg)
+    if budget is not None:
+        return f"budget={budget}"
+    if target is not None:
+        return f"target_size={target[0]} (interval {target[1]})"
+    return rundir.cr_text(effective_cr(cfg))
 
 
 def attention_implementation(cfg: DictConfig) -> str:
@@ -301,6 +341,9 @@ def validate_press(cfg: DictConfig, press, method: str) -> None:
             f"method {method} needs {needed}, which this machine cannot download ({hub_unreachable()}); "
             "run it where the Hugging Face hub is reachable"
         )
+    why_not = why_not_decoding_window(press)
+    if why_not:
+        raise ConfigError(f"method {method} cannot compress while decoding: {why_not}")
     if needs_query_aware(press) and not cfg.query_aware:
         raise ConfigError(f"method {method} needs query-aware runs, as kvpress's runner requires; add query_aware=true")
     if needs_eager(press) and attention_implementation(cfg) != "eager":
@@ -343,7 +386,7 @@ def validate_budget(cfg: DictConfig, shortest_context: int) -> None:
     ChunkKVPress raises to one whole chunk; warn when a scorer's window outnumbers the budget, so that tie-breaking
     picks the pairs kept (docs/configuration.md, "Extreme ratios")."""
     cr = effective_cr(cfg)
-    if cr == 0:
+    if cr == 0 or decoding_target(cfg) is not None:
         return
     if cr is None:  # a token budget keeps at least 1 pair of every context, and exactly its budget
         _warn_window(cfg, min(effective_budget(cfg), shortest_context), shortest_context, f"budget={cfg.budget}")
@@ -370,6 +413,32 @@ def validate_budget(cfg: DictConfig, shortest_context: int) -> None:
                     f"{(shortest_keeping(1, cr) - 1) * chunk_length + 1} tokens, a chunk_length of at most "
                     f"{largest_chunk_keeping(shortest_context, cr)}, or press=chunkkv_exact (an exact budget)"
                 )
+
+
+def warn_uncompressed_decoding(cfg: DictConfig, longest_row: int, longest_question: int, longest_answer: int) -> None:
+    """Warn, before the model loads, when a decoding-time press will compress no row: it removes pairs only once a
+    layer holds more than ``target_size`` at a compression, which comes every ``compression_interval`` passes (the
+    question's pass the first) or on a pass of at least ``target_size`` tokens. Its run is then the uncompressed
+    model's; its closing lines and run.json say how many rows it compressed (evaluate/score/decoding.py). The
+    lengths are the samples' tokens before the chat template: the longest context, question and answer together,
+    the longest question, and the largest ``max_new_tokens``."""
+    target = decoding_target(cfg)
+    if target is None:
+        return
+    target_size, interval = target
+    if longest_row <= target_size:
+        why = (
+            f"target_size={target_size} holds every row whole (the longest context, question and answer hold "
+            f"{longest_row} tokens); give a target_size below {longest_row}"
+        )
+    elif longest_answer < interval and longest_question < target_size:
+        why = (
+            f"compression_interval={interval} is more than every answer's max_new_tokens (at most {longest_answer}), "
+            f"so no row reaches its first compression; give compression_interval={longest_answer} or less"
+        )
+    else:
+        return
+    logger.warning("%s will never compress here, and answers as the uncompressed model: %s", method_name(cfg), why)
 
 
 def _warn_window(cfg: DictConfig, n_kept: int, shortest_context: int, at: str, shortest=None) -> None:
@@ -423,8 +492,11 @@ def result_config(cfg: DictConfig) -> dict:
     if effective_budget(cfg) is None:
         resolved.pop("budget", None)  # cr runs keep the fingerprints they had before budget= existed
     else:
-        resolved.pop("cr")  # each context gets its own ratio: the budget alone says what is kept
         resolved["budget"] = effective_budget(cfg)
+    if resolved["cr"] is None:
+        resolved.pop("cr")  # each context gets its own ratio, or a decoding-time press its target: cr says nothing
+    if decoding_target(cfg) is not None:
+        resolved["press"]["press"].pop("compression_ratio", None)  # the registry entry's copy of the cr it ignores
     for knob in registry.RUNNER_KNOBS:
         if resolved.get(knob) is None:
             resolved.pop(knob, None)  # unset knobs do not split runs, nor move the runs recorded before they existed
@@ -459,8 +531,13 @@ def fingerprint(cfg: DictConfig) -> str:
 
 def run_name(cfg: DictConfig) -> str:
     """Readable run directory name; the suffix hashes every result-changing key the name leaves out."""
-    budget = effective_budget(cfg)
-    kept = f"cr{rundir.cr_text(effective_cr(cfg))}" if budget is None else f"budget{budget}"
+    budget, target = effective_budget(cfg), decoding_target(cfg)
+    if budget is not None:
+        kept = f"budget{budget}"
+    elif target is not None:
+        kept = f"target{target[0]}_interval{target[1]}"
+    else:
+        kept = f"cr{rundir.cr_text(effective_cr(cfg))}"
     parts = [cfg.benchmark.name, cfg.model.name, method_name(cfg), kept]
     if cfg.query_aware:
         parts.append("query_aware")

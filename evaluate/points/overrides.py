@@ -32,6 +32,12 @@ _NOT_SETTINGS = ("defaults", "hydra")
 ALIASES = {"compression_ratio": "cr"}
 
 
+@cache
+def default_setting(key: str) -> object:
+    """A top-level setting's default, as conf/config.yaml sets it."""
+    return OmegaConf.load(CONF_DIR / "config.yaml")[key]
+
+
 def check_command_line(argv: Sequence[str]) -> None:
     """Refuse the unknown keys and options among the overrides of ``python -m evaluate`` (``argv`` without the
     program name; flags such as ``-m`` and ``--cfg job`` are Hydra's and pass). A ``--config-dir`` adds its

@@ -189,6 +189,33 @@ def why_not_pooled_decoding(press: DecodingPress | None) -> str | None:
     return None
 
 
+def selects_by_position(press: BasePress | None) -> bool:
+    """Whether ``press`` keeps pairs by their positions alone (StreamingLLM's sink and window), so that no rounding
+    of the model's activations can change what it keeps."""
+    return isinstance(press, StreamingLLMPress)
+
+
+def why_not_decoding_window(press: BasePress | None) -> str | None:
+    """Why ``press``'s decoding part cannot compress past its first compression, if it cannot: after the first, a
+    compression holds the hidden states of its last ``min(compression_interval, hidden_states_buffer_size + 1)``
+    decoding steps (kvpress's ``DecodingPress.forward_hook`` clears its buffer at each compression and trims it to
+    ``hidden_states_buffer_size`` after each step), and SnapKV asserts that it holds more than its window."""
+    decoding = decoding_part(press)
+    if decoding is None:
+        return None
+    held = min(decoding.compression_interval, decoding.hidden_states_buffer_size + 1)
+    for member in members(decoding.base_press):
+        if isinstance(member, SnapKVPress) and held <= member.window_size:
+            return (
+                f"its SnapKV scores the last {member.window_size} queries of a compression, and with "
+                f"compression_interval={decoding.compression_interval} and hidden_states_buffer_size="
+                f"{decoding.hidden_states_buffer_size} a compression after the first holds {held} (kvpress asserts "
+                f"'Query length {held} should be greater than the window size {member.window_size}'); give "
+                f"compression_interval > {member.window_size} and hidden_states_buffer_size >= {member.window_size}"
+            )
+    return None
+
+
 def members(press: BasePress | None) -> list[BasePress]:
     """``press`` and every press it holds (wrapped, base or composed), outermost first."""
     if press is None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 from hydra.utils import instantiate
+from kvpress import DecodingPress
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 from transformers.utils import logging as transformers_logging
@@ -33,10 +34,25 @@ from evaluate.engine.pool_engine import PoolEngine
 from evaluate.engine.requests import AnsweredGroup, Prefilled
 from evaluate.errors import ConfigError, RunIncomplete, exit_code, fail, refuse, stop_on_signals
 from evaluate.models.loading import Models, prepare_model, warn_if_unpatched, weights_bytes
-from evaluate.points.config import compresses, described_press, refuse_unread_knobs, validate, validate_choices
+from evaluate.points.config import (
+    compresses,
+    decoding_target,
+    described_press,
+    effective_cr,
+    method_name,
+    refuse_unread_cr,
+    refuse_unread_knobs,
+    validate,
+    validate_choices,
+)
 from evaluate.points.plan import Plan
 from evaluate.points.point import Point, PointSpec, resolve
-from evaluate.points.press_traits import changes_the_model, decoding_part, why_not_shared_prefill
+from evaluate.points.press_traits import (
+    changes_the_model,
+    decoding_part,
+    selects_by_position,
+    why_not_shared_prefill,
+)
 from evaluate.points.settings import typed
 from evaluate.run.planning import make_plan
 from evaluate.run.recorder import AnsweringClock, Recorder, describe
@@ -45,22 +61,42 @@ from evaluate.run.summary import failed_samples, interrupted_summary, run_summar
 logger = logging.getLogger(__name__)
 
 
-def answer_path(plan: Plan, model) -> tuple[str, str]:
-    """Which engine answers the run, ``pool`` or kvpress's ``pipeline``, and why (logged when not the pool)."""
+def answer_path(plan: Plan, model) -> tuple[str, str, str | None]:
+    """Which engine answers the run, ``pool`` or kvpress's ``pipeline``, why (logged when not the pool), and what
+    the pool may change in its answers, if anything."""
     if plan.spec.decode_batch_size == 1:
-        return "pipeline", "decode_batch_size=1 asks for kvpress's pipeline path, one question at a time"
+        return "pipeline", "decode_batch_size=1 asks for kvpress's pipeline path, one question at a time", None
     reason = why_not_shared_prefill(plan.press, plan.spec.attention) or why_not_pooled(model)
     if reason is not None:
         logger.info("%s takes kvpress's pipeline path: %s", plan.out.name, reason)
-        return "pipeline", reason
-    if decoding_part(plan.press) is not None:
-        return "pool", (
+        return "pipeline", reason, None
+    decoding = decoding_part(plan.press)
+    if decoding is not None:
+        why = (
             f"the press compresses while decoding: each row compresses its own cache on its own schedule in the pool, "
             f"its prefill shared (decode_batch_size={plan.spec.decode_batch_size})"
         )
-    return "pool", (
-        f"the press acts only after each layer's attention, so the context's prefill is shared and its questions "
-        f"are decoded in the pool (decode_batch_size={plan.spec.decode_batch_size})"
+        return "pool", why, pool_tie_note(decoding, model.dtype)
+    return (
+        "pool",
+        (
+            f"the press acts only after each layer's attention, so the context's prefill is shared and its questions "
+            f"are decoded in the pool (decode_batch_size={plan.spec.decode_batch_size})"
+        ),
+        None,
+    )
+
+
+def pool_tie_note(decoding: DecodingPress, dtype: torch.dtype) -> str | None:
+    """What a decoding-time press's rows in the pool may differ in from kvpress's batch of one: a press that selects
+    by scores, outside float64, where the batched step's rounding can break near-ties otherwise (docs/performance.md,
+    "Decoding-time presses: the pool against one by one", measures how often and whether the score moves)."""
+    if selects_by_position(decoding.base_press) or dtype == torch.float64:
+        return None
+    return (
+        f"{type(decoding.base_press).__name__} selects by scores, and in {str(dtype).removeprefix('torch.')} the "
+        "pool's batched rounding can break near-ties of them otherwise than kvpress's batch of one, so a row's answer "
+        "may part from it after a compression; decode_batch_size=1 is the bit-exact path"
     )
 
 
@@ -101,7 +137,29 @@ def checked(cfgs: Sequence[DictConfig], single: bool = False) -> list[Point]:
         validate(cfg)
         if single:
             refuse_unread_knobs(cfg)
+    targets = [cfg for cfg in cfgs if decoding_target(cfg) is not None]
+    if targets and not any(compresses(cfg) and effective_cr(cfg) is not None for cfg in cfgs):
+        refuse_unread_cr(targets[0])  # no point of the sweep reads its cr
     points = [Point(cfg, resolve(cfg)) for cfg in cfgs]
+    _warn_ignored_cr(cfgs)
+    directories = [point.spec.out for point in points]
+    # press=none, and a decoding-time press, is one run at any cr: a sweep over ratios runs it once (run_points).
+    duplicates = {
+        str(p.spec.out)
+        for p in points
+        if directories.count(p.spec.out) > 1 and compresses(p.cfg) and decoding_target(p.cfg) is None
+    }
+    if duplicates:
+        raise ConfigError(
+            f"the sweep runs the same configuration twice: {', '.join(sorted(duplicates))}; "
+            "drop the repeats (limit, device and the like make no other run)"
+        )
+    return points
+
+
+def _warn_ignored_cr(cfgs: Sequence[DictConfig]) -> None:
+    """Say which points of a sweep ignore the ratios it gives: press=none (run once, at cr=0, the baseline) and the
+    decoding-time presses (run once, at their target)."""
     uncompressed = [cfg for cfg in cfgs if not compresses(cfg)]
     given = {
         "cr": sorted({float(cfg.cr) for cfg in uncompressed if cfg.cr > 0}),
@@ -117,15 +175,16 @@ def checked(cfgs: Sequence[DictConfig], single: bool = False) -> list[Point]:
             if len(cfgs) > 1
             else "the run is recorded at cr=0",
         )
-    directories = [point.spec.out for point in points]
-    # press=none is one run at any cr: a sweep over ratios runs it once (run_points), its baseline for every point.
-    duplicates = {str(p.spec.out) for p in points if directories.count(p.spec.out) > 1 and compresses(p.cfg)}
-    if duplicates:
-        raise ConfigError(
-            f"the sweep runs the same configuration twice: {', '.join(sorted(duplicates))}; "
-            "drop the repeats (limit, device and the like make no other run)"
+    targets = {method_name(cfg): cfg for cfg in cfgs if decoding_target(cfg) is not None}
+    ratios = sorted({float(cfg.cr) for cfg in cfgs if decoding_target(cfg) is not None})
+    if len(ratios) > 1:
+        logger.warning(
+            "%s keep%s target_size pairs while decoding and read no cr: cr=%s is ignored and the sweep runs each "
+            "once (their axes are target_size= and compression_interval=)",
+            ", ".join(targets),
+            "s" if len(targets) == 1 else "",
+            ",".join(f"{ratio:g}" for ratio in ratios),
         )
-    return points
 
 
 def run_sweep(cfgs: Sequence[DictConfig], single: bool = False) -> list[dict | None]:

@@ -12,7 +12,13 @@ from evaluate import rundir
 from evaluate.benchmarks import Sample
 from evaluate.benchmarks.selection import load_samples
 from evaluate.errors import ConfigError
-from evaluate.points.config import build_press, press_sources, validate_budget, validate_context_lengths
+from evaluate.points.config import (
+    build_press,
+    press_sources,
+    validate_budget,
+    validate_context_lengths,
+    warn_uncompressed_decoding,
+)
 from evaluate.points.plan import Plan, context_id
 from evaluate.points.point import Point
 from evaluate.score.answer_length import TOKENS
@@ -90,10 +96,13 @@ def make_plan(point: Point, tokenizer) -> Plan:
         # kvpress's max_new_tokens: the run's value instead of each row's, so the rows record it and resuming checks it.
         samples = [replace(sample, max_new_tokens=spec.max_new_tokens) for sample in samples]
     context_tokens = {s.context: len(tokenizer.encode(s.context, add_special_tokens=False)) for s in samples}
-    question_tokens = max(len(tokenizer.encode(s.question, add_special_tokens=False)) for s in samples)
+    questions = {s.id: len(tokenizer.encode(s.question, add_special_tokens=False)) for s in samples}
+    question_tokens = max(questions.values())
     shortest_context = min(context_tokens.values()) + (question_tokens if spec.query_aware else 0)
     validate_context_lengths(cfg, shortest_context)
     validate_budget(cfg, shortest_context)
+    longest_row = max(context_tokens[s.context] + questions[s.id] + s.max_new_tokens for s in samples)
+    warn_uncompressed_decoding(cfg, longest_row, question_tokens, max(s.max_new_tokens for s in samples))
     if spec.turns == "multi" and any(sample.conversation is None for sample in samples):
         raise ConfigError(
             f"turns=multi asks a conversation's turns on one cache, and {benchmark.name}'s samples have no turns; "

@@ -26,12 +26,13 @@ from evaluate.cost_schema import RunCost
 from evaluate.engine.cost import Cost
 from evaluate.engine.requests import AnsweredGroup
 from evaluate.errors import ConfigError
-from evaluate.points.config import press_sources
+from evaluate.points.config import decoding_target, press_sources
 from evaluate.points.plan import Plan
 from evaluate.points.shard import Shard
 from evaluate.run.planning import sample_identity
 from evaluate.run.tracking import Tracker
 from evaluate.score.answer_length import row_columns
+from evaluate.score.decoding import DECODING_COMPRESSED, decoding_record
 from evaluate.score.rescore import score_run
 from evaluate.score.tables import format_task_table
 
@@ -182,11 +183,14 @@ class AnsweringClock:
 
 
 def config_record(plan: Plan, cfg: DictConfig) -> dict:
+    target = decoding_target(cfg)
     return {
         "method": plan.spec.method,
         "compression_ratio": plan.spec.effective_cr,
         # KV pairs kept of each context, where a token budget (not one ratio) decides what is kept.
         **({"budget": plan.spec.budget} if plan.spec.budget is not None else {}),
+        # What a decoding-time press keeps instead of a ratio (evaluate/score/decoding.py says whether it did).
+        **({"decoding": dict(zip(("target_size", "compression_interval"), target, strict=True))} if target else {}),
         "fingerprint": plan.spec.fingerprint,
         "press": repr(plan.press),
         # The code of a press defined outside kvpress and PressBench, which no version above identifies.
@@ -223,6 +227,7 @@ class Recorder:
         self.truncated: int | None = None
         self.path: str | None = None
         self.path_why: str | None = None
+        self.path_note: str | None = None
         self.weights_bytes: int | None = None
         self.tracker = Tracker()
 
@@ -277,9 +282,10 @@ class Recorder:
         """The bytes of the model's weights as this session loaded them, kept in run.json."""
         self.weights_bytes = count
 
-    def note_path(self, path: str, why: str) -> None:
-        """Which engine answers this session (``pool`` or kvpress's ``pipeline``) and why, kept in run.json."""
-        self.path, self.path_why = path, why
+    def note_path(self, path: str, why: str, note: str | None = None) -> None:
+        """Which engine answers this session (``pool`` or kvpress's ``pipeline``) and why, kept in run.json, with
+        what the path may change in its answers (``note``, which the run's closing lines repeat)."""
+        self.path, self.path_why, self.path_note = path, why, note
 
     def record(self, result: AnsweredGroup) -> None:
         """Append a group's rows as the engine finished them (``likelihood`` holds each sample's likelihood fields,
@@ -344,6 +350,8 @@ class Recorder:
         for sample, answer, scores, tokens in zip(result.group, answers, likelihood, generated, strict=True):
             # The answer's exact token ids and why it ended (evaluate/score/answer_length.py); none when not generated.
             length = row_columns(tokens.token_ids, tokens.stopped_on_eos) if tokens is not None else {}
+            if tokens is not None and tokens.compressed is not None:
+                length[DECODING_COMPRESSED] = tokens.compressed
             yield {
                 **sample_identity(sample),
                 "prediction": answer,
@@ -417,6 +425,10 @@ class Recorder:
         if in_order != rows:
             rundir.rewrite_predictions(predictions, in_order)
             rows = in_order
+        decoding = decoding_record(rows)
+        if decoding is not None:  # whether a decoding-time press compressed at all (evaluate/score/decoding.py)
+            recorded = rundir.read_json(plan.out / rundir.RUN) or {}
+            rundir.write_json(plan.out / rundir.RUN, {**recorded, "decoding": decoding})
         try:
             metrics = score_run(plan.benchmark, rows, plan.out)
         except Exception as error:
@@ -456,7 +468,7 @@ class Recorder:
             "samples_expected": len(self.plan.share),
             "errors": self.n_errors,
             "truncated_samples": self.truncated,
-            **({"answered_by": {"path": self.path, "why": self.path_why}} if self.path else {}),
+            **({"answered_by": self._answered_by()} if self.path else {}),
             **({"model_weights_bytes": self.weights_bytes} if self.weights_bytes else {}),
             **self.stats.record(peak_memory_mb(self.plan.spec.device, self.plan.spec.device_map)),
             "device": self.plan.spec.device,
@@ -465,6 +477,9 @@ class Recorder:
             "updated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
         rundir.write_json(self.record_path, record)
+
+    def _answered_by(self) -> dict[str, str]:
+        return {"path": self.path, "why": self.path_why, **({"note": self.path_note} if self.path_note else {})}
 
     def _update_point(self) -> None:
         """A shard keeps its point's run.json saying how the point stands (a whole run's session record is it)."""

@@ -1,5 +1,6 @@
 """The lines a run or a sweep ends with: headlines next to the uncompressed score, failures, files, what to run next."""
 
+import re
 import shlex
 import sys
 from collections.abc import Sequence
@@ -10,16 +11,27 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from evaluate import rundir
-from evaluate.keys import NON_RESULT_KEYS
-from evaluate.points.config import effective_budget, kept_text, method_name, run_dir
+from evaluate.keys import NON_RESULT_KEYS, RUNNER_KNOBS
+from evaluate.points.config import decoding_target, effective_budget, effective_cr, kept_text, method_name, run_dir
 from evaluate.points.shard import resolve_shard
 from evaluate.report.runs import flatten
 from evaluate.score.answer_length import drift_metrics
 from evaluate.score.baseline import find_baseline
 from evaluate.score.turns import SCORE_BY_TURN
 
-# Overrides that choose the press; the uncompressed run of the same samples drops them.
-PRESS_OVERRIDES = ("press=", "press.", "scorer=", "scorer.", "cr=", "budget=", "+press.", "+scorer.", "method=")
+# Overrides that choose the press (its runner knobs included); the uncompressed run of the same samples drops them.
+PRESS_OVERRIDES = (
+    "press=",
+    "press.",
+    "scorer=",
+    "scorer.",
+    "cr=",
+    "budget=",
+    "+press.",
+    "+scorer.",
+    "method=",
+    *(f"{knob}=" for knob in sorted(RUNNER_KNOBS)),
+)
 
 
 def _last_of_each_key(overrides: Sequence[str]) -> list[str]:
@@ -62,6 +74,21 @@ def turn_line(metrics: dict) -> list[str]:
     return ["score by turn: " + ", ".join(f"{turn} → {score:.2f}" for turn, score in scores.items())]
 
 
+def decoding_line(cfg: DictConfig, record: dict) -> list[str]:
+    """The line on whether a decoding-time press compressed (run.json's ``decoding``, evaluate/score/decoding.py)."""
+    counted = record.get("decoding")
+    if not counted:
+        return []
+    target_size, interval = decoding_target(cfg)
+    if counted["rows_compressed"] == 0:
+        return [
+            f"{method_name(cfg)} never compressed: no answer's cache outgrew target_size={target_size} at a "
+            f"compression (every {interval} steps), so its answers ({counted['rows']}) are the uncompressed model's; "
+            "lower target_size or compression_interval"
+        ]
+    return [f"{method_name(cfg)} compressed {counted['rows_compressed']} of {counted['rows']} answers"]
+
+
 def likelihood_summary(likelihood: dict) -> str:
     return (
         f"answer KL {likelihood['answer_kl']:.4g} from the uncompressed model, top-1 kept at "
@@ -76,7 +103,8 @@ def run_summary(cfg: DictConfig, metrics: dict, overrides: Sequence[str] = ()) -
     rows = rundir.read_predictions(out / rundir.PREDICTIONS)
     kept = [row["kept_ratio"] for row in rows if row.get("kept_ratio") is not None]
     method = method_name(cfg)
-    at = kept_text(cfg) if effective_budget(cfg) else f"cr {kept_text(cfg)}"  # budget=64, or cr 0.50
+    at = kept_text(cfg) if effective_cr(cfg) is None else f"cr {kept_text(cfg)}"  # budget=64, target_size=.., cr 0.50
+    record = rundir.read_json(out / rundir.RUN) or {}
     lines = [
         f"{method} at {at} on {cfg.benchmark.name} ({cfg.model.name}, {len(rows)} samples): "
         + ", ".join(
@@ -88,6 +116,9 @@ def run_summary(cfg: DictConfig, metrics: dict, overrides: Sequence[str] = ()) -
         )
     ]
     lines += turn_line(metrics)
+    lines += decoding_line(cfg, record)
+    if note := (record.get("answered_by") or {}).get("note"):
+        lines.append(f"answered from the pool: {note}")
     failed = [row["error"] for row in rows if row.get("error")]
     if failed:
         lines.append(
@@ -106,18 +137,28 @@ def run_summary(cfg: DictConfig, metrics: dict, overrides: Sequence[str] = ()) -
             uncompressed = shlex.join(["press=none", *others])
             lines.append(f"no uncompressed run of these samples and settings yet: python -m evaluate {uncompressed}")
     lines.append(f"files: {out}/ (predictions.jsonl, metrics.json, run.json, config.yaml)")
-    # The sweep suggested is the run's own press, its knobs included, at more ratios (or budgets); an uncompressed
-    # run's sweeps two presses that compress.
-    press = [o for o in overrides if o.startswith(PRESS_OVERRIDES) and not o.startswith(("cr=", "budget="))]
+    # The sweep suggested is the run's own press, its knobs included, at more ratios (or budgets, or targets); an
+    # uncompressed run's sweeps two presses that compress.
+    axis = _sweep_axis(cfg)
+    press = [o for o in overrides if o.startswith(PRESS_OVERRIDES) and not o.startswith(f"{axis.partition('=')[0]}=")]
     if method == "no_press":
         press = ["press=chunkkv,eg_chunkkv"]
     report = shlex.quote(str(cfg.output_dir))
     lines.append(f"next: python -m evaluate.report {report}   (tables and plots of every run)")
-    # A budget run's sweep is over budgets: cr beside a budget is refused.
-    kept = "cr=0.5,0.7,0.9" if effective_budget(cfg) is None else "budget=64,256,1024"
-    sweep = shlex.join(["-m", *press, *others, kept])
+    sweep = shlex.join(["-m", *press, *others, axis])
     lines.append(f"      python -m evaluate {sweep}   (a sweep: one model load, one prefill per context)")
     return "\n".join(lines)
+
+
+def _sweep_axis(cfg: DictConfig) -> str:
+    """The axis the suggested sweep runs along: a budget run's budgets (cr beside a budget is refused), a
+    decoding-time press's targets (it reads no cr), else ratios."""
+    if effective_budget(cfg) is not None:
+        return "budget=64,256,1024"
+    target = decoding_target(cfg)
+    if target is not None:
+        return f"target_size={','.join(str(max(1, target[0] // 4**step)) for step in (2, 1, 0))}"
+    return "cr=0.5,0.7,0.9"
 
 
 def failed_samples(metrics: dict) -> tuple[int, int]:
@@ -144,6 +185,19 @@ def _headline(metrics: dict | None) -> str:
     return f"{metrics['score']} ({kl})" if kl else str(metrics["score"])
 
 
+def _kept_order(kept: str) -> tuple[int, float]:
+    """Ratios, then budgets, then decoding-time targets, each by its size (budget=1024 after budget=256)."""
+    kinds = ("budget=", "target_size=")
+    kind = next((index for index, prefix in enumerate(kinds, 1) if kept.startswith(prefix)), 0)
+    return kind, float(re.search(r"[\d.]+", kept).group())
+
+
+def _axis_name(cfg: DictConfig) -> str:
+    if effective_budget(cfg) is not None:
+        return "budget"
+    return "cr" if decoding_target(cfg) is None else "target_size"
+
+
 def sweep_summary(cfgs: Sequence[DictConfig], metrics: Sequence[dict | None]) -> str:
     """The lines a sweep ends with: every point's headline in one method x cr table (rows also split by any other
     setting the points differ in; '-' for a point left to another process), then the points whose samples failed."""
@@ -162,14 +216,14 @@ def sweep_summary(cfgs: Sequence[DictConfig], metrics: Sequence[dict | None]) ->
     )
     # Points that differ only in a setting this table leaves out (a press knob) share a cell, joined by " / ".
     table = points.pivot_table(index=["method", *differing], columns="cr", values="score", aggfunc=" / ".join)
-    # Ratios, then budgets by their size (budget=1024 after budget=256).
-    table = table[sorted(table.columns, key=lambda kept: (kept.startswith("budget="), float(kept.split("=")[-1])))]
+    table = table[sorted(table.columns, key=_kept_order)]
     scored = any(result and result.get("score") is not None for result in metrics)
     with_kl = any(result and result.get("likelihood") for result in metrics)
     shown = {(True, True): "score (answer KL)", (True, False): "score", (False, True): "answer KL"}.get(
         (scored, with_kl), "score"
     )
-    axis = table.columns.name = "cr" if all(effective_budget(cfg) is None for cfg in cfgs) else "cr or budget"
+    axes = {_axis_name(cfg) for cfg in cfgs}
+    axis = table.columns.name = " or ".join(name for name in ("cr", "budget", "target_size") if name in axes)
     lines = [f"sweep of {len(cfgs)} points, {shown} by method and {axis}:", table.fillna("").to_string()]
     failed = []
     for index in points.index:
@@ -182,8 +236,30 @@ def sweep_summary(cfgs: Sequence[DictConfig], metrics: Sequence[dict | None]) ->
     if failed:
         lines += [f"{len(failed)} points had failed samples (rerun with retry_errors=true to answer them again):"]
         lines += failed
+    lines += _decoding_notes([cfgs[index] for index in points.index])
     waiting = waiting_summary(cfgs, metrics)
     return "\n".join([*lines, *([waiting] if waiting else [])])
+
+
+def _decoding_notes(cfgs: Sequence[DictConfig]) -> list[str]:
+    """A sweep's decoding-time points that never compressed, and those whose pooled answers may part from
+    kvpress's batch of one (each point's run.json)."""
+    records = {run_dir(cfg): rundir.read_json(run_dir(cfg) / rundir.RUN) or {} for cfg in cfgs}
+    never = [str(out) for out, record in records.items() if (record.get("decoding") or {}).get("rows_compressed") == 0]
+    noted = [out for out, record in records.items() if (record.get("answered_by") or {}).get("note")]
+    lines = []
+    if never:
+        lines += [
+            f"{len(never)} points never compressed (no answer outgrew target_size): their answers are the "
+            "uncompressed model's; lower target_size or compression_interval:",
+            *(f"  {out}" for out in never),
+        ]
+    if noted:
+        lines.append(
+            f"{len(noted)} points answered from the pool with a note (run.json's answered_by.note), the first:"
+        )
+        lines.append(f"  {noted[0].name}: {records[noted[0]]['answered_by']['note']}")
+    return lines
 
 
 def waiting_summary(cfgs: Sequence[DictConfig], metrics: Sequence[dict | None]) -> str:

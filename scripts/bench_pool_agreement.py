@@ -1,0 +1,134 @@
+"""Decoding-time presses in the pool against one by one: how many rows part, and whether the score moves.
+
+    python scripts/bench_pool_agreement.py                                     # SmolLM2, ruler_synth at 1k, 66 rows
+    python scripts/bench_pool_agreement.py --model tiny_random --limit 1       # a quick check of the script itself
+
+The same sweep (``decoding_knorm`` and ``decoding_tova`` at two targets) runs twice as ``python -m evaluate -m``:
+once in the decoding pool (``decode_batch_size=32``, the default path) and once one row at a time
+(``decode_batch_size=1``, kvpress's pipeline path, bit-exact with kvpress's ``evaluate.py``). A score-based press
+breaks near-ties of its scores by the rounding of the step it compresses after, and the pool's batched step rounds
+otherwise than a batch of one (docs/performance.md). Prints, per point: the rows whose answer tokens part, the first
+token where they part (median), each path's score, and the paired bootstrap interval (95 %, contexts resampled) of
+the pool's score minus one by one's; writes the table to results/bench/pool_agreement_{dtype}_cpu.md.
+"""
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from hydra.utils import instantiate
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+from bench_sweep import timed  # noqa: E402
+
+from evaluate import rundir  # noqa: E402
+from evaluate.score.answer_length import TOKENS  # noqa: E402
+from evaluate.score.bootstrap import difference_interval  # noqa: E402
+
+
+def sweep_command(args: argparse.Namespace, out: Path, batch: int) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "evaluate",
+        "-m",
+        f"model={args.model}",
+        "benchmark=ruler_synth",
+        f"benchmark.max_seq_length={args.max_seq_length}",
+        f"limit={args.limit}",
+        f"dtype={args.dtype}",
+        "likelihood=false",
+        f"max_new_tokens={args.max_new_tokens}",
+        f"method={args.methods}",
+        f"target_size={args.targets}",
+        f"compression_interval={args.interval}",
+        f"decode_batch_size={batch}",
+        f"output_dir={out}",
+    ]
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first token index where two answers differ (None when equal)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None if len(a) == len(b) else 0)
+
+
+def compare(pool_dir: Path, one_dir: Path) -> dict:
+    """One point's two runs: rows that part, where, each score, and the paired interval of the difference."""
+    record = rundir.read_yaml(pool_dir / rundir.CONFIG)
+    benchmark = instantiate(record["config"]["benchmark"])
+    pool = {row["id"]: row for row in rundir.read_predictions(pool_dir / rundir.PREDICTIONS)}
+    one = {row["id"]: row for row in rundir.read_predictions(one_dir / rundir.PREDICTIONS)}
+    parts = [first_difference(pool[key][TOKENS], one[key][TOKENS]) for key in one]
+    parted = [index for index in parts if index is not None]
+    interval = difference_interval(benchmark, list(pool.values()), benchmark, list(one.values()))
+    return {
+        "point": f"{record['method']} target {record['decoding']['target_size']}",
+        "rows": len(one),
+        "parted": len(parted),
+        "first": statistics.median(parted) if parted else None,
+        "pool": rundir.read_json(pool_dir / rundir.METRICS)["score"],
+        "one": rundir.read_json(one_dir / rundir.METRICS)["score"],
+        "interval": None if interval is None else (interval.low, interval.high),
+        "compressed": rundir.read_json(one_dir / rundir.RUN).get("decoding"),
+    }
+
+
+def table(results: list[dict], header: str) -> str:
+    lines = [
+        header,
+        "",
+        "| point | rows | rows that part | first differing token (median) | pool | one by one | pool − one by one "
+        "(95 % paired) | rows compressed |",
+        "|---|---:|---:|---:|---:|---:|---|---:|",
+    ]
+    for result in results:
+        low_high = (
+            "-" if result["interval"] is None else f"[{result['interval'][0]:+.2f}, {result['interval'][1]:+.2f}]"
+        )
+        compressed = result["compressed"] or {}
+        first = "-" if result["first"] is None else result["first"]
+        lines.append(
+            f"| {result['point']} | {result['rows']} | {result['parted']} "
+            f"({100 * result['parted'] / result['rows']:.1f} %) | {first}"
+            f" | {result['pool']:.2f} | {result['one']:.2f} | {result['pool'] - result['one']:+.2f} {low_high} | "
+            f"{compressed.get('rows_compressed', '-')} of {compressed.get('rows', '-')} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2_135m")
+    parser.add_argument("--max-seq-length", type=int, default=1024)
+    parser.add_argument("--limit", type=int, default=6, help="samples per task (the 11 that need no QA files)")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--methods", default="decoding_knorm,decoding_tova")
+    parser.add_argument("--targets", default="256,512")
+    parser.add_argument("--interval", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as scratch:
+        outs = {batch: Path(scratch) / f"batch{batch}" for batch in (32, 1)}
+        seconds = {batch: timed(sweep_command(args, out, batch))[0] for batch, out in outs.items()}
+        names = sorted(path.name for path in outs[1].iterdir() if (path / rundir.METRICS).exists())
+        results = [compare(outs[32] / name, outs[1] / name) for name in names]
+    header = (
+        f"{args.model} ({args.dtype}), ruler_synth at {args.max_seq_length} tokens ({args.limit} per task), "
+        f"compression_interval {args.interval}, max_new_tokens {args.max_new_tokens}; pool {seconds[32]:.1f} s, one by "
+        f"one {seconds[1]:.1f} s ({seconds[1] / seconds[32]:.2f}x)"
+    )
+    text = table(results, header)
+    print(text)
+    path = REPO / "results" / "bench" / f"pool_agreement_{args.dtype}_cpu.md"
+    if args.model == "smollm2_135m":  # the quick check of the script writes nothing
+        path.write_text(text + "\n")
+        print(f"written to {path.relative_to(REPO)}")
+
+
+if __name__ == "__main__":
+    main()
