@@ -4,6 +4,8 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Runs track as $WANDB_MODE says by default (conf/wandb/env.yaml): a shell's setting would track every test's run.
+os.environ.pop("WANDB_MODE", None)
 
 import pytest  # noqa: E402
 from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402

@@ -20,6 +20,7 @@ from omegaconf import OmegaConf, open_dict
 import evaluate.points.config
 from evaluate.points.config import validate_choices
 from evaluate.points.overrides import check_command_line
+from evaluate.points.point import Point
 from evaluate.run.entry import checked
 from hydra_plugins.pressbench_gpus_launcher.grids_sweeper import expand
 from tests.support import CONF_DIR
@@ -83,8 +84,9 @@ def is_hydra(override: str) -> bool:
     return override.lstrip("+~").startswith(("hydra.", "hydra/"))
 
 
-def check_evaluate(args: list[str]) -> None:
-    """What ``python -m evaluate args`` checks before it loads a model, for its one run or every sweep point."""
+def check_evaluate(args: list[str]) -> list[Point]:
+    """What ``python -m evaluate args`` checks before it loads a model, for its one run or every sweep point; returns
+    the points checked (none for ``--cfg``)."""
     check_command_line(args)
     parsed = get_args_parser().parse_args(args)
     parser = OverridesParser.create()
@@ -93,7 +95,7 @@ def check_evaluate(args: list[str]) -> None:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         base = compose("config", overrides=[*fixed, *filter(is_hydra, parsed.overrides)], return_hydra_config=True)
         if parsed.cfg:  # --cfg prints the composed config and runs nothing
-            return
+            return []
         sweeper = base.hydra.sweeper
         jobs = (
             expand(parser, dict(sweeper.params or {}), list(sweeper.get("grids") or []), task)
@@ -106,7 +108,9 @@ def check_evaluate(args: list[str]) -> None:
         validate_choices(point.hydra.runtime.choices)
         with open_dict(point):
             del point["hydra"]
-    checked([OmegaConf.create(OmegaConf.to_container(point, resolve=True)) for point in points], not parsed.multirun)
+    return checked(
+        [OmegaConf.create(OmegaConf.to_container(point, resolve=True)) for point in points], not parsed.multirun
+    )
 
 
 class Parsed(Exception):
@@ -144,3 +148,11 @@ def test_a_documented_command_runs_as_written(doc, command, monkeypatch):
         check_parses(module, args, monkeypatch)
     else:  # the prose names the entry point
         assert importlib.util.find_spec(module) is not None, module
+
+
+def test_results_md_sweeps_press_none_beside_several_ratios_as_one_baseline_run(caplog):
+    (command,) = [c for c in commands(REPO / "docs" / "results.md") if "-m press=none," in c]
+    points = check_evaluate(argv(command)[1])
+    (baseline,) = {point.spec.out for point in points if point.spec.method == "no_press"}
+    assert len(points) == 9 and baseline.name.startswith("ruler_synth__smollm2-135m__no_press__cr0.00__")
+    assert "press=none compresses nothing: cr=0.5,0.7,0.9 is ignored and the sweep runs it once" in caplog.text

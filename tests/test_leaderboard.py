@@ -230,3 +230,21 @@ def test_likelihood_fields_stay_out_of_the_export_and_generate_false_runs_are_re
         text = path.read_text()
         assert not [word for word in (*LIKELIHOOD_FIELDS, "likelihood") if word in text], path.name
     assert next(csv.DictReader((folder / "predictions.csv").open())).keys() == set(leaderboard.PREDICTION_COLUMNS)
+
+
+@pytest.mark.parametrize("allow_partial", [False, True], ids=["full", "allow_partial"])
+def test_budget_runs_are_refused_whatever_the_flag_naming_the_true_fix(tmp_path, capsys, allow_partial):
+    root = tmp_path / "runs"
+    write_run(root, uniform([True]), method="snapkv", cr=0.5, model=QWEN, budget=64)
+    # Partial as well: the budget, which --allow-partial cannot lift, is what the refusal names.
+    write_run(root, uniform([True]), method="knorm", cr=0.5, model=QWEN, budget=128, limit=1)
+    with pytest.raises(SystemExit, match="nothing exported"):
+        main([str(root), "--out", str(tmp_path / "submission"), *(["--allow-partial"] if allow_partial else [])])
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2
+    for budget, line in zip((128, 64), sorted(lines, key=lambda line: "snapkv" in line), strict=True):
+        assert line.endswith(
+            f"not exportable: budget={budget}: kvpress's leaderboard places each submission at one compression "
+            "ratio, and a token budget compresses each context at its own; rerun with cr= to submit it"
+        )
+        assert "--allow-partial" not in line

@@ -62,11 +62,13 @@ def test_a_failure_of_the_machine_leaves_its_samples_for_the_rerun_instead_of_sc
     assert (record["status"], record["unanswered"]) == ("incomplete", 3)
     assert type(failure).__name__ in record["error"]
     assert unfinished(out, record).startswith("status incomplete: 3 samples unanswered")
+    partial = rundir.read_json(out / rundir.METRICS)["partial"]  # what it scored says it is short
+    assert partial == {"samples": 6, "samples_expected": 9, "status": "incomplete"}
 
     monkeypatch.undo()
     metrics = run(shared(tmp_path, "decode_batch_size=3"))  # the rerun answers what was left, and only that
     rows = rundir.read_predictions(out / rundir.PREDICTIONS)
-    assert len(rows) == 9 and "n_errors" not in metrics
+    assert len(rows) == 9 and "n_errors" not in metrics and "partial" not in metrics
     record = rundir.read_json(out / rundir.RUN)
     assert (record["status"], record["session_samples"]) == ("complete", 3)
     assert "unanswered" not in record

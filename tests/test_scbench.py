@@ -7,6 +7,9 @@ conversations per scored task; scbench_vt's rows hold their context in ``input``
 """
 
 import json
+import socket
+import time
+import urllib.request
 from pathlib import Path
 
 import datasets
@@ -14,6 +17,7 @@ import pytest
 from hydra.utils import instantiate
 
 from evaluate.benchmarks.scbench import TASKS, SCBench, score_predictions
+from evaluate.benchmarks.sources import no_connection
 from evaluate.errors import ConfigError
 from evaluate.score.rescore import main as score_main
 from tests.support import compose_config
@@ -176,6 +180,57 @@ def test_an_unreachable_hub_names_the_config_and_the_local_alternative(monkeypat
     monkeypatch.setattr(datasets, "load_dataset", offline)
     with pytest.raises(ConfigError, match=r"microsoft/SCBench \(config scbench_qa_eng\).*benchmark\.path=DIR"):
         SCBench(tasks=["scbench_qa_eng"]).load(tiny_tokenizer)
+
+
+SNAPSHOT = (
+    "benchmark.path=DIR, with SCBench's hub snapshot (huggingface-cli download microsoft/SCBench --repo-type dataset "
+    "--local-dir DIR): its {task}/ folders of parquet files, or its data/ folder's {task}.jsonl files"
+)
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Every connection fails as a machine without network fails it; returns the hosts tried."""
+    tried = []
+
+    def refused(address, *args, **kwargs):
+        tried.append(address)
+        raise OSError(-2, "Name or service not known")
+
+    monkeypatch.setattr(socket, "create_connection", refused)
+    monkeypatch.setattr(socket.socket, "connect", lambda self, address: refused(address))
+    monkeypatch.setattr(urllib.request, "getproxies", dict)
+    no_connection.cache_clear()
+    yield tried
+    no_connection.cache_clear()
+
+
+def test_offline_the_refusal_tries_no_connection_and_names_the_snapshot(no_network, tiny_tokenizer):
+    # The real datasets under HF_HUB_OFFLINE/HF_DATASETS_OFFLINE (tests/conftest.py): its cache alone, no retry.
+    started = time.monotonic()
+    with pytest.raises(ConfigError) as refused:
+        SCBench(tasks=["scbench_kv"]).load(tiny_tokenizer)
+    assert time.monotonic() - started < 10 and no_network == []
+    message = str(refused.value)
+    assert message.startswith("cannot load microsoft/SCBench (config scbench_kv) from the Hugging Face hub (")
+    assert message.endswith(f"; download it where the hub is reachable and pass {SNAPSHOT}")
+
+
+def test_without_network_the_hub_is_not_retried(no_network, monkeypatch, tiny_tokenizer):
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)  # online mode, on a machine with no network
+
+    def retried(*args, **kwargs):
+        raise AssertionError("the hub client was asked, and would retry for half a minute")
+
+    monkeypatch.setattr(datasets, "load_dataset", retried)
+    with pytest.raises(ConfigError) as refused:
+        SCBench(tasks=["scbench_kv"]).load(tiny_tokenizer)
+    assert no_network == [("huggingface.co", 443)]  # one connection tried, and no hub request
+    assert str(refused.value) == (
+        "cannot reach the Hugging Face hub for microsoft/SCBench (config scbench_kv) (huggingface.co: [Errno -2] "
+        "Name or service not known); set HF_DATASETS_OFFLINE=1 to read it from the datasets cache, or download it "
+        f"where the hub is reachable and pass {SNAPSHOT}"
+    )
 
 
 def test_the_config_composes_and_instantiates(tmp_path):

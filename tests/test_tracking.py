@@ -225,3 +225,36 @@ def test_report_logs_tables_plots_and_a_score_chart_to_one_offline_run(tmp_path,
         ["no compression · Llama-3.1-8B-Instruct", 0.0, 0.0],
         ["snapkv · Llama-3.1-8B-Instruct", 0.5, pytest.approx(0.28)],
     ]
+
+
+def test_wandb_mode_in_the_environment_tracks_a_run_of_the_default_config(tmp_path, offline):
+    # The offline fixture sets WANDB_MODE=offline; the command line names no wandb option.
+    tracker = Tracker.from_config(compose_config(tmp_path), "run")
+    run_dir = tracker.run_dir
+    assert tracker.enabled and run_dir.parent.parent == offline and run_dir.name.startswith("offline-run-")
+    tracker.finish()
+    (run,) = [r.run for r in wandb_records(run_dir) if r.WhichOneof("record_type") == "run"]
+    assert items(run.config.update)["wandb"]["mode"] == "offline"  # the mode it ran in, not the config's null
+
+
+def test_wandb_disabled_on_the_command_line_wins_over_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setitem(sys.modules, "wandb", None)  # any `import wandb` now fails
+    assert not Tracker.from_config(compose(tmp_path, "wandb=disabled"), "run").enabled
+    # Without the package, the default config refuses in one line naming the variable and both ways out.
+    with pytest.raises(ConfigError) as refused:
+        Tracker.from_config(compose_config(tmp_path), "run")
+    assert str(refused.value) == (
+        "WANDB_MODE=offline needs the wandb package: pip install 'pressbench[wandb]' (or unset WANDB_MODE, or "
+        "wandb=disabled)"
+    )
+
+
+def test_a_wandb_mode_that_cannot_track_is_named_as_ignored(tmp_path, monkeypatch, caplog):
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    for value, warned in (("disabled", False), ("dryrun", True)):
+        monkeypatch.setenv("WANDB_MODE", value)
+        caplog.clear()
+        assert not Tracker.from_config(compose_config(tmp_path), "run").enabled
+        lines = [record.getMessage() for record in caplog.records]
+        assert lines == (["WANDB_MODE=dryrun is ignored: set it to offline or online to track (or disabled)"] * warned)

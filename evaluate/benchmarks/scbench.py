@@ -99,6 +99,11 @@ MIXED_TASK = "scbench_summary_with_needles"
 SUMMARY, PASSKEY = "scbench_summary", "scbench_passkey"
 HUB = Source(dataset="microsoft/SCBench")  # one config per task
 DEFAULT_MAX_TURNS = 5  # SCBench's --max_turns
+# What benchmark.path holds instead of the hub: the snapshot docs/benchmarks.md downloads, named in every refusal.
+LOCAL_LAYOUT = (
+    f"SCBench's hub snapshot (huggingface-cli download {HUB.dataset} --repo-type dataset --local-dir DIR): its "
+    "{task}/ folders of parquet files, or its data/ folder's {task}.jsonl files"
+)
 HEADLINE_LABEL = "mean task score ×100 over the SCBench tasks present, each scored as SCBench does"
 
 
@@ -426,10 +431,9 @@ class SCBench(TaskedHubBenchmark):
     def load(self, tokenizer, limit: int | None = None) -> list[Sample]:
         """Every turn of at most ``limit`` conversations per task, in source order, task after task (a limit never
         cuts a conversation)."""
-        layout = "one {task}.jsonl or {task}.parquet file, or {task}/ folder, per SCBench task"
         samples = []
         for task in self._tasks():
-            rows = rows_by_task(self.dataset, [task], self.split, self.path, layout, schema(task), configs=True)
+            rows = rows_by_task(self.dataset, [task], self.split, self.path, LOCAL_LAYOUT, schema(task), configs=True)
             for row in rows[task][:limit]:
                 samples.extend(conversation_samples(task, row, self.max_turns))
         return samples

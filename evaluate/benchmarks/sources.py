@@ -3,7 +3,10 @@
 Hub datasets are read as kvpress reads them, ``datasets.load_dataset(name, data_dir=..., split=...)`` (by config name,
 ``load_dataset(name, config, split=...)``, where a dataset's card declares one config per task); an unreachable
 hub (offline mode, no network) becomes a :class:`~evaluate.errors.ConfigError` that names the dataset and says how
-to point ``benchmark.path`` at local files, raised before any model is loaded.
+to point ``benchmark.path`` at local files, raised before any model is loaded. Offline (``HF_HUB_OFFLINE`` or
+``HF_DATASETS_OFFLINE``), datasets reads its cache alone, at once; otherwise a connection to the hub is tried first
+(:func:`no_connection`, 3 s at most), so that no network is refused at once instead of after the hub client's
+half a minute of retries.
 
 Every row is checked where it enters, against the benchmark's :class:`Schema` (its columns and what each holds): a
 row that is not a JSON object, lacks a column, or holds the wrong type (a ``max_new_tokens`` of "abc", an ``answer``
@@ -26,9 +29,12 @@ through :func:`kvpress_sample`, taken at most ``limit`` per task by :func:`first
 """
 
 import json
+import socket
+import urllib.request
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +42,8 @@ from evaluate.benchmarks import Sample
 from evaluate.errors import ConfigError
 
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+HUB_HOST = "huggingface.co"
 
 # How a local file says which task a row belongs to: kvpress's column, then LongBench's original field.
 TASK_FIELDS = ("task", "dataset")
@@ -126,11 +134,25 @@ def _shown(value: Any, width: int = 40) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
+@cache
+def no_connection() -> str | None:
+    """Why the Hugging Face hub cannot be reached, if a connection to it fails within 3 s; None when it connects, or
+    when a proxy carries https (a direct connection would say nothing of the proxy's)."""
+    if urllib.request.getproxies().get("https"):
+        return None
+    try:
+        socket.create_connection((HUB_HOST, 443), timeout=3).close()
+    except OSError as error:
+        return f"{HUB_HOST}: {error}"
+    return None
+
+
 def hub_rows(
     dataset: str, data_dir: str | None, split: str, local_layout: str, schema: Schema, config: str | None = None
 ) -> list[dict]:
     """All rows of one hub data_dir, or of one ``config`` (a dataset whose card declares one config per task, e.g.
     SCBench), checked; ``local_layout`` tells the user what ``benchmark.path`` must hold instead."""
+    from datasets import config as datasets_config
     from datasets import load_dataset
 
     if config is not None:
@@ -138,13 +160,19 @@ def hub_rows(
     else:
         where = dataset if data_dir is None else f"{dataset} (data_dir {data_dir})"
         selection = {"data_dir": data_dir}
+    local = f"download it where the hub is reachable and pass benchmark.path=DIR, with {local_layout}"
+    # Offline, datasets reads its cache alone and answers at once; online, it would retry an unreachable hub for
+    # half a minute before its cache, which HF_DATASETS_OFFLINE=1 reads at once.
+    unreachable = None if datasets_config.HF_HUB_OFFLINE else no_connection()
+    if unreachable is not None:
+        raise ConfigError(
+            f"cannot reach the Hugging Face hub for {where} ({unreachable}); set HF_DATASETS_OFFLINE=1 to read it "
+            f"from the datasets cache, or {local}"
+        )
     try:
         rows = load_dataset(dataset, **selection, split=split).to_list()
     except ConnectionError as error:
-        raise ConfigError(
-            f"cannot load {where} from the Hugging Face hub ({error}); download it where the hub is reachable and "
-            f"pass benchmark.path=DIR, with {local_layout}"
-        ) from error
+        raise ConfigError(f"cannot load {where} from the Hugging Face hub ({error}); {local}") from error
     return _checked(rows, schema, f"{where} {split} row")
 
 

@@ -9,10 +9,9 @@ import json
 import logging
 import math
 import os
-import socket
 import sys
 from collections.abc import Mapping
-from functools import cache, lru_cache
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -22,6 +21,7 @@ from kvpress import BasePress, ChunkKVPress
 from omegaconf import DictConfig, OmegaConf
 
 from evaluate import registry, rundir
+from evaluate.benchmarks.sources import no_connection
 from evaluate.errors import ConfigError
 from evaluate.keys import NON_RESULT_KEYS, without_single_turn
 from evaluate.points.budget import why_not_budget
@@ -353,18 +353,11 @@ def validate_press(cfg: DictConfig, press, method: str) -> None:
         )
 
 
-@cache
 def hub_unreachable() -> str | None:
     """Why the Hugging Face hub cannot be reached, if it cannot: offline mode, or no connection within 3 s."""
     from huggingface_hub import constants
 
-    if constants.HF_HUB_OFFLINE:
-        return "HF_HUB_OFFLINE=1"
-    try:
-        socket.create_connection(("huggingface.co", 443), timeout=3).close()
-    except OSError as error:
-        return f"huggingface.co: {error}"
-    return None
+    return "HF_HUB_OFFLINE=1" if constants.HF_HUB_OFFLINE else no_connection()
 
 
 def validate_context_lengths(cfg: DictConfig, shortest_context: int) -> None:

@@ -11,9 +11,10 @@ a directory that the kvpress leaderboard reads, named as kvpress's evaluation na
                          its method's compression at iso-quality (iso_* columns, evaluate/score/iso_quality.py)
 
 Partial runs (a sample limit or fraction, fewer than 13 tasks, data other than the hub dataset, failed
-samples) are refused with their reasons unless ``--allow-partial``. Each directory is assembled in a staging
-folder beside DIR and renamed into place only once complete, so a refused or failed export leaves nothing
-that looks like a submission.
+samples) are refused with their reasons unless ``--allow-partial``; runs the format has no place for (a token
+budget, ``turns=multi``, ``generate=false``) are refused whatever the flag, each naming the rerun. Each directory
+is assembled in a staging folder beside DIR and renamed into place only once complete, so a refused or failed
+export leaves nothing that looks like a submission.
 
 Exports into one DIR add up: leaderboard.csv is rebuilt from every submission folder DIR holds, so it lists what an
 earlier export wrote from other runs too. A submission already in DIR is left as it is when the export would write
@@ -57,7 +58,11 @@ SUBMISSION_FILES = ("config.yaml", "metrics.json", "predictions.csv")
 
 
 class Refused(Exception):
-    """A run that cannot be exported; the message gives every reason."""
+    """A run that cannot be exported, even with ``--allow-partial``: the leaderboard's format has no place for it."""
+
+
+class Partial(Refused):
+    """A run short of a full leaderboard run, which ``--allow-partial`` exports; the message gives every reason."""
 
 
 class Taken(Exception):
@@ -148,15 +153,19 @@ def leaderboard_score(metrics: dict) -> float:
 
 def prepare(run: RunResult, allow_partial: bool) -> Submission:
     method = leaderboard_method(run)
-    reasons = refusal_reasons(run)
-    if reasons and not allow_partial:
-        raise Refused("; ".join(reasons))
-    if run.budget is not None:  # kvpress's leaderboard has a compression_ratio column, and no place for a budget
-        raise Refused(f"budget={run.budget}: the leaderboard ranks presses by compression ratio; rerun with cr=")
+    # What --allow-partial cannot lift comes first, so that a refusal never advises a flag that would not help.
+    if run.budget is not None:  # a budget gives each context its own ratio: the submission would have no one ratio
+        raise Refused(
+            f"budget={run.budget}: kvpress's leaderboard places each submission at one compression ratio, and a token "
+            "budget compresses each context at its own; rerun with cr= to submit it"
+        )
     if run.turns != "independent":  # its submission would share the name of the same press's independent run
         raise Refused(f"turns={run.turns}: kvpress's leaderboard asks each question on its own (turns=independent)")
     if run.score is None:  # the likelihood fields alone: the leaderboard has no place for them
         raise Refused("made with generate=false: no generated answers to score; rerun with generate=true")
+    reasons = refusal_reasons(run)
+    if reasons and not allow_partial:
+        raise Partial("; ".join(reasons))
     # Only the task scores: the likelihood means in metrics.json stay behind (kvpress's format has no place for them).
     metrics = {task: {"string_match": float(values["score"])} for task, values in sorted(run.tasks.items())}
     if not metrics:
@@ -333,8 +342,11 @@ def export(
         except Unmappable as reason:
             refused.append((run.path, f"no leaderboard name: {reason}"))
             continue
-        except Refused as reason:
+        except Partial as reason:
             refused.append((run.path, f"partial: {reason}; pass --allow-partial to export it anyway"))
+            continue
+        except Refused as reason:
+            refused.append((run.path, f"not exportable: {reason}"))
             continue
         except (KeyError, TypeError) as error:  # a task without its score, a row without its answers
             refused.append((run.path, f"{run.path / rundir.METRICS} lacks a field the submission needs ({error!r})"))

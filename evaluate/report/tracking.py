@@ -2,6 +2,8 @@
 tracking (evaluate/run/tracking.py) shares: every table, every plot and a score-against-cr chart per benchmark in one
 summary run."""
 
+import logging
+import os
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -12,7 +14,11 @@ from evaluate.errors import ConfigError
 if TYPE_CHECKING:
     from evaluate.report.build import Report
 
+logger = logging.getLogger(__name__)
+
 MODES = ("disabled", "offline", "online")
+# wandb's own switch, which a user sets for every wandb program: honoured where no setting of ours chose a mode.
+MODE_VARIABLE = "WANDB_MODE"
 # The charts against cr logged per benchmark: a runs-frame column, the chart's key suffix and its title.
 _CHARTS = (
     ("score", "", "score"),
@@ -22,12 +28,25 @@ _CHARTS = (
 )
 
 
-def import_wandb(mode: str):
+def mode_from_env() -> str:
+    """The mode $WANDB_MODE asks for where neither the command line nor the config chose one: offline or online,
+    else disabled. Another value is named in a warning line as ignored: a run meant to be tracked never goes
+    untracked in silence."""
+    value = os.environ.get(MODE_VARIABLE, "").strip()
+    if value in ("offline", "online"):
+        return value
+    if value not in ("", "disabled"):
+        logger.warning("%s=%s is ignored: set it to offline or online to track (or disabled)", MODE_VARIABLE, value)
+    return "disabled"
+
+
+def import_wandb(mode: str, chosen_by: str = "wandb.mode", instead: str = "wandb.mode=disabled"):
+    """wandb, or ConfigError naming the setting ``chosen_by`` that asked for ``mode`` and the way out, ``instead``."""
     try:
         import wandb
     except ImportError:
         raise ConfigError(
-            f"wandb.mode={mode} needs the wandb package: pip install 'pressbench[wandb]' (or wandb.mode=disabled)"
+            f"{chosen_by}={mode} needs the wandb package: pip install 'pressbench[wandb]' (or {instead})"
         ) from None
     return wandb
 

@@ -1,9 +1,10 @@
 """Weights & Biases logging, selected by the ``wandb`` config group: ``wandb=disabled|offline|online``.
 
-``disabled`` (the default) never imports wandb; ``offline`` writes runs under ``wandb.dir`` (or ``$WANDB_DIR``, or
-``./wandb``) for a later ``wandb sync DIR``. A run logs its config and progress, then its metrics (its score by turn
-too, where its samples are turns of conversations), timings and sampled predictions; the runs of one Hydra multirun
-share a ``group`` (a report's summary run is evaluate/report/tracking.py's).
+The default, ``wandb=env``, tracks in the mode ``$WANDB_MODE`` names (offline or online), else not at all.
+``disabled`` never imports wandb, whatever ``$WANDB_MODE`` says; ``offline`` writes runs under ``wandb.dir`` (or
+``$WANDB_DIR``, or ``./wandb``) for a later ``wandb sync DIR``. A run logs its config and progress, then its
+metrics (its score by turn too, where its samples are turns of conversations), timings and sampled predictions; the
+runs of one Hydra multirun share a ``group`` (a report's summary run is evaluate/report/tracking.py's).
 A wandb failure turns the tracker off with a warning, never stopping an evaluation; a missing wandb package, or an
 unknown mode, is refused before the model loads.
 """
@@ -18,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from evaluate.cost_schema import COST_KEYS
 from evaluate.errors import ConfigError
-from evaluate.report.tracking import MODES, import_wandb
+from evaluate.report.tracking import MODE_VARIABLE, MODES, import_wandb, mode_from_env
 from evaluate.score.bootstrap import sample_scores
 from evaluate.score.likelihood import FIELDS as LIKELIHOOD_FIELDS
 from evaluate.score.turns import SAMPLES_BY_TURN, SCORE_BY_TURN
@@ -50,6 +51,17 @@ def turn_summary(metrics: dict) -> dict[str, float | int | None]:
     }
 
 
+def tracking_mode(settings) -> tuple[str, str]:
+    """The mode a run is tracked in and the setting that chose it: ``wandb.mode``, or, where it is null (the
+    default, ``wandb=env``), ``$WANDB_MODE``; ConfigError for a mode that is none of MODES."""
+    mode = settings.get("mode", "disabled")
+    if mode is None:
+        return mode_from_env(), MODE_VARIABLE
+    if str(mode) not in MODES:
+        raise ConfigError(f"wandb.mode={mode!r}; choose one of {', '.join(MODES)}")
+    return str(mode), "wandb.mode"
+
+
 class Tracker:
     """wandb logging for one run. Every method is a no-op when tracking is disabled or has failed."""
 
@@ -69,12 +81,13 @@ class Tracker:
     def from_config(cls, cfg: DictConfig, run_name: str) -> "Tracker":
         """Start a wandb run for ``cfg`` as the ``wandb`` group configures it; disabled when the group is absent."""
         settings = cfg.get("wandb") or {}
-        mode = str(settings.get("mode", "disabled"))
-        if mode not in MODES:
-            raise ConfigError(f"wandb.mode={mode!r}; choose one of {', '.join(MODES)}")
+        mode, chosen_by = tracking_mode(settings)
         if mode == "disabled":
             return cls()
-        wandb = import_wandb(mode)
+        instead = "wandb.mode=disabled" if chosen_by != MODE_VARIABLE else f"unset {MODE_VARIABLE}, or wandb=disabled"
+        wandb = import_wandb(mode, chosen_by, instead)
+        config = OmegaConf.to_container(cfg, resolve=True)
+        config["wandb"]["mode"] = mode  # the mode the run is tracked in, where $WANDB_MODE chose it
         run = wandb.init(
             mode=mode,
             project=settings.get("project") or "pressbench",
@@ -84,7 +97,7 @@ class Tracker:
             name=run_name,
             tags=list(settings.get("tags") or []),
             dir=settings.get("dir"),
-            config=OmegaConf.to_container(cfg, resolve=True),
+            config=config,
             reinit="create_new",  # a sequential multirun logs each job to its own run
         )
         return cls(run, wandb, table_rows=int(settings.get("table_rows", 200)), seed=int(cfg.seed))

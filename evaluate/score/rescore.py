@@ -5,7 +5,9 @@
 
 A run directory is scored by the benchmark exactly as its config.yaml recorded it; a bare file by the
 named benchmark's default configuration. Of several run directories (``results/runs/*/``), one that cannot be
-rescored is named with why on stderr and the others are rescored; the exit status is then 2.
+rescored is named with why on stderr and the others are rescored; the exit status is then 2. A run that has not
+answered every sample its run.json expects (interrupted, incomplete, or still running) is scored on the rows it
+has, its metrics.json marked ``partial``, and a warning line says how many and how to finish it.
 """
 
 import argparse
@@ -25,6 +27,8 @@ from evaluate.score.tables import format_task_table
 from evaluate.score.turns import turn_metrics
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+# metrics.json's key for a run scored before it answered every sample it expects (:func:`coverage`).
+PARTIAL = "partial"
 
 
 def benchmark_from_name(name: str):
@@ -84,15 +88,44 @@ def score_rows(benchmark, rows: list[dict], where: str = "predictions") -> dict:
     return metrics
 
 
+def coverage(run_directory: Path, rows: list[dict]) -> dict | None:
+    """metrics.json's ``partial`` for rows short of the run: how many were scored, how many run.json expects, and
+    its status; None when the rows are every expected sample, or where run.json cannot say (missing or damaged:
+    rescoring needs only config.yaml and the predictions, and the report names a damaged run.json). Without a
+    count (``samples_expected``), a status other than finished says the rows are short."""
+    try:
+        record = rundir.read_record(run_directory / rundir.RUN) or {}
+    except rundir.Unreadable:
+        return None
+    expected, status = record.get("samples_expected"), record.get("status")
+    short = len(rows) < expected if isinstance(expected, int) else status not in (None, *rundir.FINISHED)
+    return {"samples": len(rows), "samples_expected": expected, "status": status} if short else None
+
+
 def score_run(benchmark, rows: list[dict], run_directory: Path) -> dict:
-    """A run directory's metrics: :func:`score_rows`, and its answers' length against its uncompressed baseline's
-    where one lies beside it (evaluate/score/answer_length.py)."""
+    """A run directory's metrics: :func:`score_rows`, its answers' length against its uncompressed baseline's
+    where one lies beside it (evaluate/score/answer_length.py), and ``partial`` (:func:`coverage`) for a run whose
+    rows are short of the samples it expects."""
     metrics = score_rows(benchmark, rows, where=str(run_directory / rundir.PREDICTIONS))
     record = rundir.read_record(run_directory / rundir.CONFIG) or {}
     drift = against_baseline(run_directory, record, rows)
     if drift is not None:
         metrics["answer_length"]["against_uncompressed"] = drift
+    partial = coverage(run_directory, rows)
+    if partial is not None:
+        metrics[PARTIAL] = partial
     return metrics
+
+
+def partial_warning(run_directory: Path, partial: dict) -> str:
+    """One line for a rescored run that is not finished: what was scored of what, and how to finish it."""
+    expected = partial["samples_expected"]
+    scored = f"{partial['samples']} of {expected} expected" if expected is not None else str(partial["samples"])
+    return (
+        f"warning: {run_directory} is unfinished (run.json status {partial['status']}): {scored} samples scored, "
+        f"so metrics.json is marked {PARTIAL}; rerun the command that made the run to answer the rest (it resumes "
+        "where it stopped and rescores the whole run)"
+    )
 
 
 def rescore_run(run_directory: Path) -> dict:
@@ -135,6 +168,8 @@ def rescore_all(paths: list[Path]) -> bool:
             done = False
             continue
         print(format_task_table(metrics, title=str(path)))
+        if PARTIAL in metrics:
+            print(partial_warning(path, metrics[PARTIAL]), file=sys.stderr)
     return done
 
 
