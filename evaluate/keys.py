@@ -48,6 +48,9 @@ PRESS_KEYS = frozenset({"press", "scorer", "cr", "budget", *RUNNER_KNOBS})
 
 # conf/config.yaml's conversation settings as every run recorded before they existed ran: each question on its own.
 TURN_DEFAULTS = {"turns": "independent", "history": "reference"}
+# Settings, by dotted key, at the value every run recorded before they existed ran with: each generated its answers,
+# and asked one question per context (ruler_synth's benchmark.turns). A reader compares a missing one as this value.
+RECORDED_DEFAULTS = {"generate": True, "benchmark.turns": 1}
 
 
 def without_single_turn(config: dict) -> dict:
@@ -57,7 +60,10 @@ def without_single_turn(config: dict) -> dict:
     fingerprint, the baseline and the report alike."""
     config = dict(config)
     if isinstance(config.get("benchmark"), dict):
-        config["benchmark"] = {key: value for key, value in config["benchmark"].items() if (key, value) != ("turns", 1)}
+        single = RECORDED_DEFAULTS["benchmark.turns"]
+        config["benchmark"] = {
+            key: value for key, value in config["benchmark"].items() if (key, value) != ("turns", single)
+        }
     if config.get("turns", TURN_DEFAULTS["turns"]) == TURN_DEFAULTS["turns"]:
         config.pop("turns", None)
         config.pop("history", None)

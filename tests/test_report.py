@@ -453,14 +453,23 @@ def test_plots_go_beside_the_tables_given_by_out_unless_plots_is_given(runs_dir,
     assert not (tmp_path / "results").exists()
 
 
-def test_a_long_legend_label_widens_the_plot_instead_of_being_cut_off(tmp_path):
+def test_a_long_legend_label_is_wrapped_whole_inside_a_figure_no_wider_than_a_short_one(tmp_path, monkeypatch):
+    long = "a_press_whose_name_runs_far_beyond_the_legend_margin_of_the_figure_snapkv"
     widths = []
-    for method in ("snapkv", "a_press_whose_name_runs_far_beyond_the_legend_margin_of_the_figure_snapkv"):
+    for method in ("snapkv", long):
         root = tmp_path / method
         write_run(root, uniform([True]), method=method, cr=0.5)
         frame = runs_frame(collect_runs(root)[0])
         widths.append(png_size(plot_benchmark("ruler", frame, tmp_path / f"{method}.png"))[0])
-    assert widths[1] > widths[0]  # the canvas grew to hold the whole label
+    assert widths[0] == widths[1] <= plots.MAX_WIDTH_PX  # the label wraps: the canvas does not grow for it
+    figures = drawn_figures(monkeypatch)
+    plot_benchmark("ruler", runs_frame(collect_runs(tmp_path / long)[0]), tmp_path / "again.png")
+    (legend,) = figures[0].legends
+    (text,) = [text.get_text() for text in legend.get_texts()]
+    assert text.replace("\n", "") == long and all(len(line) <= 36 for line in text.splitlines())
+    figures[0].canvas.draw()
+    inside, box = legend.get_window_extent(), figures[0].bbox
+    assert box.x0 <= inside.x0 and inside.x1 <= box.x1 and box.y0 <= inside.y0 and inside.y1 <= box.y1
 
 
 def drawn_figures(monkeypatch) -> list:
@@ -482,7 +491,8 @@ def test_a_variant_holding_a_long_path_gets_a_short_unique_legend_label_that_fit
     plots.plot_benchmark("ruler", frame, tmp_path / "ruler.png")
     plots.plot_task_grid("ruler", frame, tmp_path / "ruler_tasks.png")
     (headline, grid) = figures
-    assert [text.get_text() for text in headline.legends[0].get_texts()] == [
+    # Each label whole, on lines that fit beside the panel (plots.wrapped).
+    assert [text.get_text().replace("\n", "") for text in headline.legends[0].get_texts()] == [
         'snapkv [benchmark.path="…/first/ruler.jsonl"]',
         'snapkv [benchmark.path="…/second/ruler.jsonl"]',
         "no compression (100.00)",

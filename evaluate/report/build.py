@@ -10,6 +10,7 @@ from evaluate import rundir
 from evaluate.report.answer_length import answer_length_table
 from evaluate.report.capacity import DEFAULT_MEMORY_GB, capacity_table, check_memory
 from evaluate.report.compare import compare_tables, load_references
+from evaluate.report.decoding import decoding_table
 from evaluate.report.differences import Effect, diff_table, effect_table, load_effects
 from evaluate.report.frame import runs_frame, split_by_axis
 from evaluate.report.iso_quality import BUDGET as ISO_BUDGET
@@ -46,9 +47,11 @@ class Report:
     iso_budget_series: pd.DataFrame | None = None  # the series by token budget with their figures, for the plots
     answer_length: list[Table] = field(default_factory=list)  # per benchmark, where runs recorded answer token ids
     turns: list[Table] = field(default_factory=list)  # per benchmark, where runs have a score by turn
+    decoding: list[Table] = field(default_factory=list)  # per benchmark, where it has decoding-time runs
 
     def tables(self) -> list[Table]:
-        tables = [*self.headline, *self.budgets, *self.tasks, *self.differences, *self.iso, *self.capacity]
+        tables = [*self.headline, *self.budgets, *self.decoding, *self.tasks, *self.differences, *self.iso]
+        tables += self.capacity
         tables += self.comparisons
         tables += [*self.likelihood, *self.answer_length, *self.turns]
         return [*tables, cost_table(self.frame), runs_table(self.frame)]
@@ -60,7 +63,7 @@ class Report:
         paragraphs = ["# PressBench results", f"{len(self.runs)} finished runs from `{runs_dir}`.", cells]
         for table in self.headline:
             paragraphs += [table.page(), f"Per task: [{table.name}_tasks.md]({table.name}_tasks.md)"]
-        paragraphs += [table.page() for table in self.budgets]
+        paragraphs += [table.page() for table in [*self.budgets, *self.decoding]]
         paragraphs += [table.page() for table in [*self.differences, *self.iso, *self.capacity, *self.comparisons]]
         for table in self.likelihood[:1]:
             paragraphs += [table.page(), "Per task: [likelihood_tasks.md](likelihood_tasks.md)"]
@@ -92,9 +95,10 @@ def build_report(
     check_memory(serving_memory_gb)
     compute_intervals(runs, resamples, seed)
     frame = runs_frame(runs)
-    # The tables by cr read the runs at a ratio; token-budget runs (budget=N) get their own headline table.
-    by_ratio, by_budget = split_by_axis(frame)
-    at_ratio = [run for run in runs if run.budget is None]
+    # The tables by cr read the runs at a ratio; token-budget runs (budget=N) get their own headline table, and
+    # decoding-time runs (which ignore cr) their own table by what they kept.
+    by_ratio, by_budget, by_decoding = split_by_axis(frame)
+    at_ratio = [run for run in runs if run.budget is None and run.decoding is None]
     effects = load_effects() if effects is None else effects
     differences = [table for effect in effects if (table := effect_table(at_ratio, effect, resamples, seed))]
     differences += [diff_table(at_ratio, a, b, resamples, seed) for a, b in diffs]
@@ -106,12 +110,14 @@ def build_report(
     comparisons, unmatched = compared
     iso, series = iso_table(runs, by_ratio, chosen, resamples, seed)
     iso_budget, budget_series = iso_table(runs, by_budget, chosen, resamples, seed, ISO_BUDGET)
-    likelihood = likelihood_tables(by_ratio)
-    capacity = capacity_table(runs, frame, serving_memory_gb)  # a row per run, labelled by cr or budget
-    # Drift against cr: the runs at a ratio, as the plot draws them.
-    lengths = [table for benchmark in benchmarks if (table := answer_length_table(by_ratio, benchmark))]
+    decoding = [decoding_table(by_decoding, benchmark) for benchmark in sorted(by_decoding.benchmark.unique())]
+    # A row per run, each saying what it keeps: cr, budget or target size.
+    likelihood = likelihood_tables(frame)
+    capacity = capacity_table(runs, frame, serving_memory_gb)
+    names = sorted(frame.benchmark.unique())
+    lengths = [table for benchmark in names if (table := answer_length_table(frame, benchmark))]
     # By turn: the runs at a ratio and the token-budget runs in one table, each row saying what it keeps.
-    turns = [table for benchmark in sorted(frame.benchmark.unique()) if (table := turn_table(frame, benchmark))]
+    turns = [table for benchmark in names if (table := turn_table(frame, benchmark))]
     return Report(
         runs,
         frame,
@@ -129,6 +135,7 @@ def build_report(
         budget_series,
         lengths,
         turns,
+        decoding,
     )
 
 

@@ -15,17 +15,19 @@ from collections.abc import Sequence
 import pandas as pd
 
 from evaluate.errors import ConfigError
-from evaluate.report.frame import run_level
+from evaluate.report.frame import labelled, run_level
 from evaluate.report.iso_quality import NO_BASELINE
 from evaluate.report.runs import NO_PRESS, RunResult
 from evaluate.report.tables import (
     Table,
-    budget_column,
-    budget_type,
     cr_cells,
+    decoding_notes,
     fmt_mib,
     fmt_number,
     kept_cells,
+    kept_columns,
+    kept_shown,
+    kept_values,
     row_method,
 )
 
@@ -56,21 +58,29 @@ def capacity_table(
 ) -> Table | None:
     """The ``capacity`` table, a row per run (uncompressed runs as their own baseline), None when no run recorded the
     KV bytes its cache held."""
-    level = run_level(frame)
+    level = labelled(run_level(frame))
     if level.kv_bytes_held_per_context.isna().all():
         return None
     memory = check_memory(memory_gb) * GB
     level = level.sort_values(
-        ["benchmark", "model", "query_aware", "reference", "method", "variant", "cr", "budget"],
-        ascending=[True, True, True, False, True, True, True, False],  # budgets from the largest: the least kept last
+        ["benchmark", "model", "query_aware", "reference", "method", "variant", "cr", "budget", "target_size"],
+        ascending=[
+            True,
+            True,
+            True,
+            False,
+            True,
+            True,
+            True,
+            False,
+            False,
+        ],  # the largest budget first: least kept last
         kind="stable",
     ).reset_index(drop=True)
     found = _counts(runs, level, memory)
     models = {"model": level.model} if level.model.nunique() > 1 else {}
     shown = pd.DataFrame({"benchmark": level.benchmark, **models, "method": level.label, "cr": cr_cells(level)})
-    budgets = level[budget_column(level)].astype(budget_type(level))  # no column where no run has a budget
-    for column in budgets:
-        shown[column] = budgets[column].astype(object).fillna("-")
+    shown[kept_columns(level)] = kept_shown(level)  # no column where no run has a budget or target size
     shown["weights GB"] = found.weights.map(lambda w: "unknown" if pd.isna(w) else f"{w / GB:.2f}")
     shown["KV MiB held per row"] = level.kv_bytes_held_per_context.map(fmt_mib)
     shown["rows that fit"] = found.rows.map(_count)
@@ -82,8 +92,7 @@ def capacity_table(
     ]
     data = level[["benchmark", "model"]].assign(method=row_method(level), query_aware=level.query_aware)
     data["compression_ratio"] = level.cr
-    for column in budgets:
-        data[column] = budgets[column]
+    data[kept_columns(level)] = kept_values(level)
     data["memory_gb"] = float(memory_gb)
     data["weights_gb"] = found.weights.astype(float) / GB
     data["kv_bytes_held_per_context"] = level.kv_bytes_held_per_context.astype(float)
@@ -160,4 +169,4 @@ def _notes(level: pd.DataFrame, found: pd.DataFrame, memory_gb: float) -> list[s
     full = found.rows.eq(0) & found.weights.notna()
     if full.any():
         notes.append(f"0 rows: the weights alone fill {memory_gb:g} GB.")
-    return notes
+    return notes + decoding_notes(level)

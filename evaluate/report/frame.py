@@ -5,12 +5,12 @@ from collections.abc import Sequence
 import pandas as pd
 
 from evaluate.cost_schema import COST_KEYS
-from evaluate.report.runs import NO_PRESS, RunResult, find_baselines
+from evaluate.report.runs import NO_PRESS, ROW_KEY, RunResult, find_baselines, variant_names
 from evaluate.score.answer_length import DRIFT_FIELDS, drift_metrics, own_metrics
 from evaluate.score.likelihood import FIELDS as LIKELIHOOD_FIELDS
 
 _RUN_ATTRIBUTES = "benchmark model model_id method variant query_aware score interval_note partial_reasons".split()
-_RUN_ATTRIBUTES += "turns history score_by_turn samples_by_turn".split()
+_RUN_ATTRIBUTES += "turns history score_by_turn samples_by_turn generate variant_settings".split()
 _INTERVAL = {"ci_low": "low", "ci_high": "high", "contexts": "contexts"}  # frame column: Interval attribute
 _TASK_COLUMNS = ["task", "task_score", "task_n", *(f"task_{name}" for name in LIKELIHOOD_FIELDS), "task_likelihood_n"]
 QUERY_AWARE = {True: " (query-aware)", False: ""}  # what labels add for query-aware runs
@@ -38,6 +38,23 @@ def answer_length(runs: Sequence[RunResult], position: int, baseline: int | None
     return {**{name: found.get(name) for name in DRIFT_FIELDS}, "answer_length_n": found.get("n")}
 
 
+def decoding_fields(run: RunResult, kept: Sequence[float]) -> dict:
+    """A decoding-time run's fields (config.yaml's ``decoding``; NaN and False for other runs): ``decoding``, its
+    ``target_size`` and ``compression_interval``, run.json's ``rows_compressed``, and ``never_compressed``: no row was
+    ever compressed, as run.json's ``decoding.rows_compressed`` counts them, or, where run.json lacks the count, every
+    row's measured ``kept`` ratio is 1."""
+    decoding = run.decoding or {}
+    compressed = (run.run.get("decoding") or {}).get("rows_compressed")
+    never = compressed == 0 if compressed is not None else bool(kept) and all(ratio == 1.0 for ratio in kept)
+    return {
+        "decoding": run.decoding is not None,
+        "target_size": decoding.get("target_size"),
+        "compression_interval": decoding.get("compression_interval"),
+        "rows_compressed": compressed,
+        "never_compressed": run.decoding is not None and never,
+    }
+
+
 def runs_frame(runs: Sequence[RunResult]) -> pd.DataFrame:
     """One row per run x task, in the order of ``runs`` and of task names (a run without tasks keeps a row, task
     None). Besides the run's figures: ``run``, its position in ``runs``; ``cr`` as recorded and ``ratio`` rounded
@@ -47,8 +64,10 @@ def runs_frame(runs: Sequence[RunResult]) -> pd.DataFrame:
     samples; ``settings``, the benchmark's config; the answer-length fields (:func:`answer_length`); each
     likelihood field's headline (``answer_kl``, ...) with its interval (``answer_kl_low``, ``answer_kl_high``) and
     ``likelihood_n``, the rows that have them; ``turns``, ``history`` and ``turn_mode`` (:func:`mode_label`),
-    ``score_by_turn`` and ``samples_by_turn`` (metrics.json's, empty without turns); then task, task_score, task_n
-    and the task's likelihood means (``task_answer_kl``, ..., ``task_likelihood_n``)."""
+    ``score_by_turn`` and ``samples_by_turn`` (metrics.json's, empty without turns); ``generate``; ``kept_ratio``,
+    the mean of the rows' measured kept share, and a decoding-time run's fields (:func:`decoding_fields`);
+    ``variant_settings``, what :func:`labelled` tells runs apart by; then task, task_score, task_n and the task's
+    likelihood means (``task_answer_kl``, ..., ``task_likelihood_n``)."""
     records = []
     baselines = find_baselines(runs)
     for position, run in enumerate(runs):
@@ -68,6 +87,7 @@ def runs_frame(runs: Sequence[RunResult]) -> pd.DataFrame:
             "settings": run.config.get("benchmark", {}),
             "status": run.run.get("status", ""),
             "kept_ratio": sum(kept) / len(kept) if kept else None,
+            **decoding_fields(run, kept),
             **{key: run.run.get(key) for key in COST_KEYS},
             "run_dir": str(run.path),
             **{name: run.likelihood.get(name) for name in LIKELIHOOD_FIELDS},
@@ -88,6 +108,7 @@ def runs_frame(runs: Sequence[RunResult]) -> pd.DataFrame:
     # Scores are floats, NaN where a benchmark gives none (ZeroSCROLLS): tables show "-", plots draw nothing.
     numbers = {"baseline": "Int64", "contexts": "Int64", "task_n": "Int64", "score": float, "task_score": float}
     numbers |= {"cr": float, "ratio": float, "budget": float}  # NaN where the other decides what is kept
+    numbers |= {"target_size": "Int64", "compression_interval": "Int64", "rows_compressed": "Int64"}
     likelihood_columns = [
         *LIKELIHOOD_FIELDS,
         *(f"{name}_{end}" for name in LIKELIHOOD_FIELDS for end in ("low", "high")),
@@ -95,9 +116,18 @@ def runs_frame(runs: Sequence[RunResult]) -> pd.DataFrame:
     numbers |= {column: float for column in [*likelihood_columns, *(f"task_{name}" for name in LIKELIHOOD_FIELDS)]}
     numbers |= {"likelihood_n": "Int64", "task_likelihood_n": "Int64", "answer_length_n": "Int64"}
     numbers |= dict.fromkeys(DRIFT_FIELDS, float)
-    frame = pd.DataFrame.from_records(records).astype(numbers)
-    label = frame.method.mask(frame.reference, "no compression") + frame.variant.map(bracketed)
-    return frame.assign(label=label + frame.query_aware.map(QUERY_AWARE) + frame.turn_mode)  # tells a row's runs apart
+    return labelled(pd.DataFrame.from_records(records).astype(numbers))
+
+
+def labelled(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with each run's ``variant`` and ``label`` (what tells a row's runs apart) as the runs in ``frame``
+    alone tell them apart: a table or figure labels its own runs, so that a setting is named only where it separates
+    two of them, never for a run it drops (a generate=false run in a plot of scores)."""
+    level = frame.drop_duplicates("run")
+    keys = list(level[list(ROW_KEY)].itertuples(index=False, name=None))
+    variant = frame.run.map(dict(zip(level.run, variant_names(level.variant_settings.tolist(), keys), strict=True)))
+    label = frame.method.mask(frame.reference, "no compression") + variant.astype(str).map(bracketed)
+    return frame.assign(variant=variant.astype(str), label=label + frame.query_aware.map(QUERY_AWARE) + frame.turn_mode)
 
 
 def run_level(frame: pd.DataFrame) -> pd.DataFrame:
@@ -105,10 +135,15 @@ def run_level(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.drop_duplicates("run").drop(columns=_TASK_COLUMNS).reset_index(drop=True)
 
 
-def split_by_axis(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """``frame``'s runs at a compression ratio (every ``no_press`` run among them), and its token-budget runs
-    (``budget=N``) with the ``no_press`` runs that are their baselines: the tables and plots by cr read the first,
-    those by budget the second, so that neither mistakes the other's runs for its own."""
+def with_baselines(frame: pd.DataFrame, chosen: pd.Series) -> pd.DataFrame:
+    """The runs of ``frame`` that ``chosen`` marks, with the ``no_press`` runs that are their baselines."""
+    return frame[chosen | (frame.reference & frame.run.isin(frame.baseline[chosen].dropna()))]
+
+
+def split_by_axis(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """``frame``'s runs at a compression ratio (every ``no_press`` run among them); its token-budget runs
+    (``budget=N``), and its decoding-time runs (config.yaml's ``decoding``), each with the ``no_press`` runs that are
+    their baselines: the tables and plots by cr read the first, those by budget the second, the decoding table the
+    third, so that none mistakes another's runs for its own (nor credits a decoding-time run with the cr it ignored)."""
     budget = frame.budget.notna()
-    baselines = frame.reference & frame.run.isin(frame.baseline[budget].dropna())
-    return frame[~budget], frame[budget | baselines]
+    return frame[~budget & ~frame.decoding], with_baselines(frame, budget), with_baselines(frame, frame.decoding)

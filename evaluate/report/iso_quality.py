@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from evaluate.report.frame import run_level
+from evaluate.report.frame import labelled, run_level
 from evaluate.report.runs import NO_PRESS, RunResult
 from evaluate.report.tables import Table, fmt_number, row_method
 from evaluate.score.bootstrap import NoInterval
@@ -88,7 +88,7 @@ def iso_series(runs: Sequence[RunResult], frame: pd.DataFrame, axis: IsoAxis = R
     descending: from the least compression), ``ratios`` (their crs or budgets), ``scores``, ``baseline`` (the
     baseline run's position, NA for none) and ``baseline_score``."""
     level = run_level(frame)
-    compressed = level[~level.reference & level.score.notna() & level[axis.column].notna()]
+    compressed = labelled(level[~level.reference & level.score.notna() & level[axis.column].notna()])
     compressed = compressed.sort_values(axis.column, ascending=not axis.budgets, kind="stable")
     if compressed.empty:
         return pd.DataFrame(columns=[*_KEYS, "row", "baseline", "baseline_score", "runs", "ratios", "scores"])

@@ -15,7 +15,8 @@ per method and compression ratio."""
 
 import math
 import re
-from collections.abc import Iterable, Sequence
+import textwrap
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -25,7 +26,7 @@ import pandas as pd
 
 from evaluate import rundir
 from evaluate.benchmarks.needle_in_haystack import TASK_SCORE_LABEL, NeedleInHaystack, task_depth
-from evaluate.report.frame import QUERY_AWARE, bracketed, run_level, split_by_axis
+from evaluate.report.frame import QUERY_AWARE, bracketed, labelled, run_level, split_by_axis
 from evaluate.report.runs import NO_PRESS
 from evaluate.report.turns import turn_benchmarks, turn_points
 
@@ -35,6 +36,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 _REFERENCE_COLOR = "0.25"
 _MARKERS = "osD^vP*Xph"
+# Every figure is at most this wide at the dpi it is saved with, so that it reads at 100 %: panels wrap into rows.
+MAX_WIDTH_PX = 1800
+# A legend beside the panels: its entries wrapped to lines of this many characters at this size, which the inches
+# beside the panels hold (a label never widens the figure).
+_LEGEND_CHARS = 36
+_LEGEND_FONT = 9
+_LEGEND_ROOM = 3.1
+_DPI = 130  # the figures of one or a few large panels; the many small panels of the grids take 110
 
 
 class Style(NamedTuple):
@@ -47,25 +56,46 @@ class Style(NamedTuple):
     scale: float  # 1 for the line drawn last, up to 1.7 for the first, drawn under every other
 
 
+def percent_text(value: float) -> str:
+    """A measured share kept, in percent, as a tick reads it: 37.5 %, 100 %."""
+    return f"{value:.3g} %"
+
+
 class XAxis(NamedTuple):
-    """What a figure's x axis is: the compression ratio, or the token budget of ``budget=N`` runs."""
+    """What a figure's x axis is: the compression ratio, the token budget of ``budget=N`` runs, or the share of KV
+    pairs a decoding-time run kept, as measured."""
 
     column: str  # the runs frame's column
     label: str
     log: bool  # budgets span orders of magnitude (64, 256, 1024): a log2 axis spaces them evenly
+    text: Callable[[float], str] = rundir.cr_text  # a tick's label
+    title: str = ""  # what a panel's title adds after the model
 
 
 CR_AXIS = XAxis("cr", "compression ratio (fraction of KV pairs removed)", False)
-BUDGET_AXIS = XAxis("budget", "token budget (KV pairs kept of each context)", True)
+BUDGET_AXIS = XAxis("budget", "token budget (KV pairs kept of each context)", True, "{:.0f}".format)
+KEPT_AXIS = XAxis(
+    "kept_percent",
+    "KV pairs kept, measured (% of the uncompressed context)",
+    False,
+    percent_text,
+    ": decoding-time presses",
+)
 
 
 def _lines(
-    frame: pd.DataFrame, benchmark: str, qualified: bool = False, axis: XAxis = CR_AXIS
+    frame: pd.DataFrame,
+    benchmark: str,
+    qualified: bool = False,
+    axis: XAxis = CR_AXIS,
+    values: Sequence[str] = ("score",),
 ) -> tuple[pd.DataFrame, dict, list[float]]:
-    """The rows of ``benchmark`` by cr (or ``axis``), with their ``line`` (method, variant, multi-turn mode, and model
-    and query-awareness when ``qualified`` and several); one :class:`Style` per line; the ratios (or budgets) of the
-    compressed runs. The rows keep only the ``no_press`` runs to draw (:func:`drawn_references`)."""
-    rows = frame[frame.benchmark == benchmark]
+    """The rows of ``benchmark`` that have every one of ``values`` to draw, by cr (or ``axis``), with their ``line``
+    (method, variant, multi-turn mode, and model and query-awareness when ``qualified`` and several), labelled by
+    what tells the drawn runs apart (frame.labelled: a run without points, generate=false's, names nothing); one
+    :class:`Style` per line; the ratios (or budgets) of the compressed runs. The rows keep only the ``no_press``
+    runs to draw (:func:`drawn_references`)."""
+    rows = labelled(frame[frame.benchmark == benchmark].dropna(subset=list(values)))
     lines = rows.method + rows.variant.map(bracketed) + rows.turn_mode
     if qualified and len(rows[["model", "query_aware"]].drop_duplicates()) > 1:
         lines += " · " + rows.model + rows.query_aware.map(QUERY_AWARE)
@@ -123,14 +153,25 @@ def _draw_points(ax, line: pd.DataFrame, xs: list[float], ys: list[float], style
             ax.plot(x, y, style.marker, markersize=size, color=style.color, markerfacecolor="white")
 
 
-def ratio_labels(ratios: Sequence[float]) -> list[str]:
-    """Tick labels of ``ratios`` (the tables' cr labels), a label that would touch the one before it (0.998 beside
-    0.999) moved to a second line, so that no two labels overlap."""
+def ratio_labels(
+    ratios: Sequence[float], text: Callable[[float], str] = rundir.cr_text, across: float = 80
+) -> list[str]:
+    """Tick labels of ``ratios`` (the tables' cr labels, or ``text``'s), each moved down to the first line where it
+    does not touch the label before it on that line (0.998 beside 0.999; 0.9375, 0.96875 and 0.97 on three lines),
+    so that no two labels overlap; ``across`` is how many characters of the tick font the axis is wide."""
     span = (max(ratios) - min(ratios)) or 1.0
-    labels, lowered = [], False
-    for before, ratio in zip([None, *ratios], ratios, strict=False):
-        lowered = before is not None and ratio - before < 0.08 * span and not lowered
-        labels.append(("\n" if lowered else "") + rundir.cr_text(ratio))
+    ends: list[tuple[float, int]] = []  # each line's last label: its ratio and its length
+    labels = []
+    for ratio in ratios:
+        label = text(ratio)
+
+        def clear(end: tuple[float, int], label: str = label, ratio: float = ratio) -> bool:
+            room = max(0.08, ((end[1] + len(label)) / 2 + 1) / across) * span  # half of each label, and a space
+            return ratio - end[0] >= room
+
+        line = next((number for number, end in enumerate(ends) if clear(end)), len(ends))
+        ends[line : line + 1] = [(ratio, len(label))]
+        labels.append("\n" * line + label)
     return labels
 
 
@@ -146,17 +187,25 @@ def _y_limits(ax, values: Iterable[float | None], score: bool) -> None:
 
 
 def _style(
-    ax, ratios: Sequence[float], values: Sequence[float], fontsize: int = 10, score: bool = True, log: bool = False
+    ax,
+    ratios: Sequence[float],
+    values: Sequence[float],
+    fontsize: int = 10,
+    score: bool = True,
+    axis: XAxis = CR_AXIS,
 ) -> None:
-    """Ticks at ``ratios`` (budgets on a log2 axis where ``log``), the y range, the grid."""
-    if log:
+    """Ticks at ``ratios`` (budgets on a log2 axis where ``axis`` says so), labelled as ``axis`` writes them and
+    kept apart (:func:`ratio_labels`, for the characters the panel is wide), the y range, the grid."""
+    if axis.log:
         ax.set_xscale("log", base=2)
         ax.set_xlim(min(ratios) / 1.4, max(ratios) * 1.4)
         ax.minorticks_off()
     ax.set_xticks(ratios)
-    ax.set_xticklabels([f"{ratio:.0f}" for ratio in ratios] if log else ratio_labels(ratios), fontsize=fontsize)
+    across = ax.figure.get_figwidth() * ax.get_position().width * 72 / (0.62 * fontsize)  # characters of ~0.6 em
+    labels = [axis.text(ratio) for ratio in ratios] if axis.log else ratio_labels(ratios, axis.text, across)
+    ax.set_xticklabels(labels, fontsize=fontsize)
     ax.tick_params(axis="y", labelsize=fontsize)
-    if not log:
+    if not axis.log:
         span = (max(ratios) - min(ratios)) or 0.2
         ax.set_xlim(min(ratios) - 0.08 * span, max(ratios) + 0.08 * span)
     _y_limits(ax, values, score)
@@ -177,10 +226,79 @@ def _score_axes(ax, scores: Iterable[float | None], xlabel: str, ylabel: str, ti
 
 def _save(fig, path: Path, dpi: int) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    # The canvas grows to hold the legend: long method and variant labels are never cut off at the edge.
+    # Everything lies inside the figure (the legend beside or under the panels): tight only trims the margins.
     fig.savefig(path, dpi=dpi, bbox_inches="tight", pad_inches=0.15)
     plt.close(fig)
     return path
+
+
+_BREAKS = re.compile(r"[^ /,]+[ /,]?|[ /,]")  # a label's pieces, each with the space, / or , after it
+
+
+def wrapped(label: str, width: int = _LEGEND_CHARS) -> str:
+    """``label`` on lines of at most ``width`` characters, broken after a space, a ``/`` or a ``,`` where it can (a
+    path, a list of tasks) and inside a piece longer than a line where it must; every character kept but the spaces
+    a line ends on: a legend entry never widens its figure."""
+    lines = [""]
+    for piece in _BREAKS.findall(label):
+        if lines[-1] and len(lines[-1]) + len(piece.rstrip()) > width:
+            lines.append("")
+        while len(lines[-1]) + len(piece) > width and len(piece.rstrip()) > width:  # longer than any line
+            cut = width - len(lines[-1])
+            lines[-1] += piece[:cut]
+            lines.append("")
+            piece = piece[cut:]
+        lines[-1] += piece
+    return "\n".join(line.rstrip() for line in lines if line.strip())
+
+
+def _grid(
+    count: int,
+    width: float,
+    height: float,
+    dpi: int = _DPI,
+    room: float = _LEGEND_ROOM,
+    most: int | None = None,
+    **options,
+):
+    """A figure for ``count`` panels of ``width`` x ``height`` inches with ``room`` inches beside them for the legend,
+    as many panels to a row (``most`` at most) as keep it within :data:`MAX_WIDTH_PX` at ``dpi`` (a panel narrowed
+    to fit where one alone would not), laid out by matplotlib's constrained layout unless ``options`` say otherwise;
+    its axes in order, the grid's spare ones hidden."""
+    usable = MAX_WIDTH_PX / dpi - room - 0.4  # the saved margins
+    width = min(width, usable)
+    columns = max(1, min(count, most or count, int(usable // width)))
+    rows = math.ceil(count / columns)
+    options = {"layout": "constrained", **options}
+    fig, axes = plt.subplots(rows, columns, figsize=(columns * width + room, rows * height), squeeze=False, **options)
+    for ax in axes.flat[count:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat[:count])
+
+
+def _entries(axes: Iterable) -> dict:
+    """The legend entries of ``axes``, once per label in the order first drawn: a line in several panels, or a
+    baseline every panel draws, is one entry; lines without points never made one (:func:`_lines`)."""
+    entries: dict = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            entries.setdefault(label, handle)
+    return entries
+
+
+def _legend_beside(fig, axes: Iterable, notes: str, path: Path, dpi: int = _DPI) -> Path:
+    """The legend of ``axes`` beside the panels, inside the figure, its labels wrapped (the figure grows taller, never
+    wider, for a long one), and ``notes`` wrapped under the panels; saved to ``path``."""
+    entries = _entries(axes)
+    labels = [wrapped(label) for label in entries]
+    lines = sum(label.count("\n") + 1 for label in labels)
+    fig.set_figheight(max(fig.get_figheight(), 0.8 + 0.19 * lines))
+    fig.legend(entries.values(), labels, loc="outside right upper", fontsize=_LEGEND_FONT)
+    text = textwrap.fill(notes, int(fig.get_figwidth() * 72 / 5.3))  # 9-point characters of the figure's width
+    fig.text(0.01, 0.005, text, fontsize=9, color="0.35", va="bottom")
+    bottom = (0.1 + 0.16 * (text.count("\n") + 1)) / fig.get_figheight()
+    fig.get_layout_engine().set(rect=(0, bottom, 1, 1 - bottom))
+    return _save(fig, path, dpi)
 
 
 # What a plot against cr can show: a run-level column (with ``{column}_low``/``_high`` or ci_low/ci_high for its
@@ -197,6 +315,12 @@ def plot_benchmark(benchmark: str, frame: pd.DataFrame, path: Path) -> Path:
 def plot_budget(benchmark: str, frame: pd.DataFrame, path: Path) -> Path:
     """Headline score against token budget for the ``budget=N`` runs of one benchmark (frame.split_by_axis)."""
     return _against_cr(benchmark, frame, path, *_SCORE, axis=BUDGET_AXIS)
+
+
+def plot_decoding(benchmark: str, frame: pd.DataFrame, path: Path) -> Path:
+    """Headline score against the share of KV pairs the decoding-time runs of one benchmark kept, as measured (the
+    mean of their rows' kept_ratio; frame.split_by_axis's third part): they compress to a target size and ignore cr."""
+    return _against_cr(benchmark, frame.assign(kept_percent=frame.kept_ratio * 100), path, *_SCORE, axis=KEPT_AXIS)
 
 
 def plot_kl(benchmark: str, frame: pd.DataFrame, path: Path) -> Path:
@@ -217,12 +341,12 @@ def _against_cr(
     axis: XAxis = CR_AXIS,
 ) -> Path:
     """``value`` of each method against compression ratio (or ``axis``) with its bootstrap band, the
-    no-compression value as a dashed line, a panel per model and query-awareness."""
-    runs, styles, ratios = _lines(run_level(frame), benchmark, axis=axis)
+    no-compression value as a dashed line (once per distinct baseline), a panel per model and query-awareness."""
+    runs, styles, ratios = _lines(run_level(frame), benchmark, axis=axis, values=[value])
     compressed = runs[~runs.reference]
     panels = runs.sort_values("run").groupby(["model", "query_aware"])
-    fig, axes = plt.subplots(1, panels.ngroups, figsize=(7.5 * panels.ngroups + 2.5, 5.2), squeeze=False)
-    for ax, ((model, query_aware), members) in zip(axes[0], panels, strict=True):
+    fig, axes = _grid(panels.ngroups, 7.5, 5.2)
+    for ax, ((model, query_aware), members) in zip(axes, panels, strict=True):
         for label, line in compressed[compressed.run.isin(members.run)].groupby("line"):
             xs, ys, lows, highs = (line[column].tolist() for column in (axis.column, value, low, high))
             _draw_points(ax, line, xs, ys, styles[label], label)
@@ -239,18 +363,23 @@ def _against_cr(
                     capsize=4,
                     color=styles[label].color,
                 )
-        for reference in members[members.reference & members[value].notna()].to_dict("records"):
-            label = f"no compression{reference['line'].removeprefix(NO_PRESS)} ({reference[value]:.{digits}f})"
+        references = members[members.reference].sort_values("run")
+        # One dashed line per distinct baseline: no_press runs of other settings that score the same, with the same
+        # interval, are one line, its label saying how many it stands for.
+        for _, alike in references.groupby([value, low, high], dropna=False, sort=False):
+            first = alike.iloc[0]
+            label = f"no compression{first.line.removeprefix(NO_PRESS)} ({first[value]:.{digits}f})"
+            if len(alike) > 1:
+                label = f"no compression ({first[value]:.{digits}f}): {len(alike)} baselines alike"
             # Under the lines (zorder 1.5): a run that scores as the uncompressed model stays in sight.
-            ax.axhline(reference[value], color=_REFERENCE_COLOR, linestyle="--", linewidth=1.5, label=label, zorder=1.5)
-            if pd.notna(reference[low]):
-                ax.axhspan(reference[low], reference[high], color=_REFERENCE_COLOR, alpha=0.08)
-        _style(ax, ratios, [*members[value], *members[high]], fontsize=11, score=score, log=axis.log)
+            ax.axhline(first[value], color=_REFERENCE_COLOR, linestyle="--", linewidth=1.5, label=label, zorder=1.5)
+            if pd.notna(first[low]):
+                ax.axhspan(first[low], first[high], color=_REFERENCE_COLOR, alpha=0.08)
+        _style(ax, ratios, [*members[value], *members[high]], fontsize=11, score=score, axis=axis)
         ax.set_xlabel(axis.label, fontsize=12)
         ax.set_ylabel(name, fontsize=12)
-        ax.set_title(f"{benchmark} — {model}{QUERY_AWARE[query_aware]}", fontsize=13)
-    handles, labels = axes[0][-1].get_legend_handles_labels()
-    return _finish(fig, axes[0][-1], runs, "bands and whiskers: bootstrap 95% interval; dashed: ", path)
+        ax.set_title(f"{benchmark} — {model}{QUERY_AWARE[query_aware]}{axis.title}", fontsize=13)
+    return _finish(fig, axes, runs, "bands and whiskers: bootstrap 95% interval; dashed: ", path)
 
 
 def plot_turns(benchmark: str, frame: pd.DataFrame, path: Path) -> Path:
@@ -260,7 +389,7 @@ def plot_turns(benchmark: str, frame: pd.DataFrame, path: Path) -> Path:
     points = drawn_references(turn_points(frame, benchmark))
     compressed, references = points[~points.reference], points[points.reference]
     styles = line_styles(list(dict.fromkeys(compressed.point)))
-    fig, ax = plt.subplots(figsize=(10, 5.2))
+    fig, (ax,) = _grid(1, 7.5, 5.2)
     for label, line in compressed.groupby("point", sort=False):
         _draw_points(ax, line, line.turn.tolist(), line.turn_score.tolist(), styles[label], label)
     for marker, (label, line) in zip(_MARKERS, references.groupby("point", sort=False), strict=False):
@@ -268,7 +397,7 @@ def plot_turns(benchmark: str, frame: pd.DataFrame, path: Path) -> Path:
     ax.set_xticks(sorted(points.turn.unique()))
     xlabel = "turn of the conversation (0: its first question)"
     _score_axes(ax, points.turn_score, xlabel, "score on the turn's samples", f"{benchmark}: score by turn")
-    return _finish(fig, ax, points, "multi-turn: one cache across the turns; dashed: ", path)
+    return _finish(fig, [ax], points, "multi-turn: one cache across the turns; dashed: ", path)
 
 
 # The answer-length figure's panels: a run-level column, its axis label, and the baseline's column drawn dashed
@@ -284,12 +413,10 @@ def plot_answer_length(benchmark: str, frame: pd.DataFrame, path: Path) -> Path:
     """Each method's mean answer length, its mean common prefix with the uncompressed answers and its share of
     answers hitting ``max_new_tokens``, against compression ratio; the uncompressed baseline's length and share
     dashed."""
-    runs, styles, _ = _lines(run_level(frame), benchmark, qualified=True)
+    runs, styles, ratios = _lines(run_level(frame), benchmark, qualified=True, values=["answer_tokens"])
     runs = runs.assign(hit_cap=runs.hit_cap * 100)
-    compressed, references = runs[~runs.reference], runs[runs.reference & runs.answer_tokens.notna()]
-    # Only the ratios of runs that recorded token ids: the others draw nothing here.
-    ratios = sorted(compressed.cr[compressed.answer_tokens.notna()].unique()) or [0.0]
-    fig, axes = plt.subplots(1, len(_ANSWER_LENGTH_PANELS), figsize=(6 * len(_ANSWER_LENGTH_PANELS) + 2.5, 5))
+    compressed, references = runs[~runs.reference], runs[runs.reference]
+    fig, axes = _grid(len(_ANSWER_LENGTH_PANELS), 5, 4.6)
     for ax, (value, name, baseline) in zip(axes, _ANSWER_LENGTH_PANELS, strict=True):
         for label, line in compressed.dropna(subset=[value]).groupby("line"):
             _draw_points(ax, line, line.cr.tolist(), line[value].tolist(), styles[label], label)
@@ -298,23 +425,20 @@ def plot_answer_length(benchmark: str, frame: pd.DataFrame, path: Path) -> Path:
             ax.axhline(reference[baseline], color=_REFERENCE_COLOR, linestyle="--", linewidth=1.5, label=text)
         _style(ax, ratios, [*runs[value], *references[baseline]], fontsize=10, score=value == "hit_cap")
         ax.set_xlabel("compression ratio", fontsize=11)
-        ax.set_ylabel(name, fontsize=11)
-    fig.suptitle(f"{benchmark}: answer length against the uncompressed answers of the same samples", fontsize=13)
+        ax.set_ylabel(wrapped(name, 30), fontsize=11)
+    title = f"{benchmark}: answer length against the uncompressed answers of the same samples"
+    fig.suptitle(wrapped(title, 60), fontsize=13)
     notes = "dashed (its mean length left and middle, the most a prefix can share; its share right): "
-    return _finish(fig, axes[-1], runs, notes, path)
+    return _finish(fig, axes, runs, notes, path)
 
 
-def _finish(fig, ax, runs: pd.DataFrame, notes: str, path: Path) -> Path:
+def _finish(fig, axes: list, runs: pd.DataFrame, notes: str, path: Path) -> Path:
     """The legend beside the panels and the footnote under them (``notes``, then what the plots share), as every
     figure of a benchmark has them; saved to ``path``."""
     notes += "the uncompressed baseline of the runs drawn" + (
         "; hollow markers: partial runs" if runs.partial.any() else ""
     )
-    handles, labels = ax.get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(1 - 2.4 / fig.get_figwidth(), 0.9), fontsize=10)
-    fig.text(0.01, 0.01, notes, fontsize=9, color="0.35")
-    fig.tight_layout(rect=(0, 0.03, 1 - 2.5 / fig.get_figwidth(), 1))
-    return _save(fig, path, dpi=130)
+    return _legend_beside(fig, axes, notes, path)
 
 
 def plot_task_grid(benchmark: str, frame: pd.DataFrame, path: Path) -> Path:
@@ -322,28 +446,36 @@ def plot_task_grid(benchmark: str, frame: pd.DataFrame, path: Path) -> Path:
     rows, styles, ratios = _lines(frame, benchmark, qualified=True)
     tasks = sorted(rows.task.dropna().unique())
     compressed = rows[~rows.reference]
-    grid_rows, columns = math.ceil(len(tasks) / 4), min(4, len(tasks))
-    # One y-scale for every panel, so that panels compare at a glance and a task's low scores look low.
-    figsize = (3.6 * columns, 2.9 * grid_rows + 0.9)
-    fig, axes = plt.subplots(grid_rows, columns, figsize=figsize, squeeze=False, sharey=True)
-    for ax, task in zip(axes.flat, tasks, strict=False):
+    # One y-scale for every panel, so that panels compare at a glance and a task's low scores look low. Fixed
+    # margins (layout=None): a layout engine measures every tick label of every panel and costs more than the drawing.
+    fig, axes = _grid(len(tasks), 3.6, 2.9, dpi=110, room=0, layout=None, sharey=True)
+    for ax, task in zip(axes, tasks, strict=True):
         for label, style in styles.items():  # every method, drawn empty where it lacks the task
             line = compressed[(compressed.line == label) & (compressed.task == task)]
             _draw_points(ax, line, line.cr.tolist(), line.task_score.tolist(), style, label, 4)
-        for score in rows[rows.reference & (rows.task == task)].sort_values("run").task_score.dropna():
+        for score in rows[rows.reference & (rows.task == task)].sort_values("run").task_score.dropna().unique():
             ax.axhline(score, color=_REFERENCE_COLOR, linestyle="--", linewidth=1.2, label="no compression")
         ax.set_title(f"{task} (n≤{rows.task_n[rows.task == task].max()})", fontsize=10)
         _style(ax, ratios, rows.task_score.tolist(), fontsize=8)
-    for ax in list(axes.flat)[len(tasks) :]:
-        ax.set_visible(False)
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    unique = dict(zip(labels, handles, strict=True))
-    fig.legend(unique.values(), unique.keys(), loc="lower center", ncol=min(4, len(unique)), fontsize=9)
-    fig.suptitle(f"{benchmark}: task score against compression ratio", fontsize=12)
-    # Fixed margins: tight_layout measures every tick label of every panel and costs more than the drawing.
+    entries = _entries(axes[:1])
+    labels = [wrapped(label) for label in entries]
     width, height = fig.get_size_inches()
+    columns = max(1, min(4, len(labels), int(width // 3.3)))  # entries of 36 characters, 3.3 inches each
+    legend = 0.3 + 0.19 * sum(
+        max(label.count("\n") + 1 for label in labels[start : start + columns])
+        for start in range(0, len(labels), columns)
+    )
+    height += 0.65 + 0.45 + legend  # the title above; the last row's tick labels and the legend below
+    fig.set_figheight(height)
+    fig.legend(entries.values(), labels, loc="lower center", ncol=columns, fontsize=_LEGEND_FONT)
+    fig.suptitle(f"{benchmark}: task score against compression ratio", fontsize=12)
     fig.subplots_adjust(
-        left=0.5 / width, right=1 - 0.15 / width, top=1 - 0.65 / height, bottom=1.0 / height, wspace=0.25, hspace=0.45
+        left=0.5 / width,
+        right=1 - 0.15 / width,
+        top=1 - 0.65 / height,
+        bottom=(0.45 + legend) / height,
+        wspace=0.25,
+        hspace=0.45,
     )
     return _save(fig, path, dpi=110)
 
@@ -373,6 +505,7 @@ def needle_grids(frame: pd.DataFrame, benchmark: str) -> dict[str, pd.DataFrame]
     rows = frame[(frame.benchmark == benchmark) & frame.task.notna()]
     lengths = rows.settings.map(lambda settings: settings.get("context_length"))
     rows = rows.assign(depth=rows.task.map(task_depth), length=lengths)[lengths.notna()].astype({"length": int})
+    rows = labelled(rows)
     variant = rows.variant.str.replace(_NEEDLE_AXES, "", regex=True).str.rstrip(", ").map(bracketed)
     title = rows.method.mask(rows.reference, "no compression") + variant + rows.query_aware.map(QUERY_AWARE)
     title += rows.turn_mode
@@ -395,18 +528,12 @@ def plot_needle_heatmap(benchmark: str, frame: pd.DataFrame, path: Path) -> Path
     """One depth x context-length heatmap of the needle score per panel of :func:`needle_grids`."""
     grids = needle_grids(frame, benchmark)
     first = next(iter(grids.values()))
-    columns = min(3, len(grids))
-    grid_rows = math.ceil(len(grids) / columns)
     panel_width, panel_height = 1.6 + 0.8 * len(first.columns), 1.2 + 0.4 * len(first.index)
-    fig, axes = plt.subplots(
-        grid_rows,
-        columns,
-        figsize=(max(6.5, panel_width * columns + 1.2), panel_height * grid_rows + 0.8),
-        squeeze=False,
-        layout="constrained",  # room for the tick labels of every panel and the color bar
-    )
+    # Room beside the panels for the color bar; the constrained layout makes room for every panel's tick labels.
+    fig, axes = _grid(len(grids), max(panel_width, 5.3 / min(3, len(grids))), panel_height, dpi=110, room=1.2, most=3)
+    fig.set_figheight(fig.get_figheight() + 0.8)  # the title
     colors = plt.get_cmap("RdYlGn").with_extremes(bad="0.85")  # grey: a pair no run measured
-    for ax, (title, grid) in zip(axes.flat, grids.items(), strict=False):
+    for ax, (title, grid) in zip(axes, grids.items(), strict=True):
         values = grid.to_numpy(dtype=float)
         image = ax.imshow(values, cmap=colors, vmin=0, vmax=100, aspect="auto")
         for (row, column), value in np.ndenumerate(values):
@@ -416,9 +543,7 @@ def plot_needle_heatmap(benchmark: str, frame: pd.DataFrame, path: Path) -> Path
         ax.set_yticks(range(len(grid.index)), [f"{depth}%" for depth in grid.index], fontsize=8)
         ax.set_xlabel("context length (tokens)", fontsize=9)
         ax.set_ylabel("needle depth", fontsize=9)
-        ax.set_title(title, fontsize=10)
-    for ax in list(axes.flat)[len(grids) :]:
-        ax.set_visible(False)
+        ax.set_title(wrapped(title, 44), fontsize=10)
     fig.colorbar(image, ax=axes, shrink=0.9, label=TASK_SCORE_LABEL)
     fig.suptitle(f"{benchmark}: {TASK_SCORE_LABEL}\nby needle depth and context length (grey: no run)", fontsize=11)
     return _save(fig, path, dpi=110)
@@ -426,10 +551,11 @@ def plot_needle_heatmap(benchmark: str, frame: pd.DataFrame, path: Path) -> Path
 
 def plot_cost(benchmark: str, frame: pd.DataFrame, path: Path) -> Path:
     """Headline score against the KV bytes a context's cache physically held, one line per method, each point
-    labelled with its ratio; the uncompressed baseline is the point at the full cache."""
-    runs, styles, _ = _lines(run_level(frame), benchmark)
-    runs = runs.dropna(subset=["kv_bytes_held_per_context"]).assign(mib=lambda r: r.kv_bytes_held_per_context / 2**20)
-    fig, ax = plt.subplots(figsize=(10, 5.2))
+    labelled with its ratio (a decoding-time run's with the share it kept, measured, never its recorded cr); the
+    uncompressed baseline is the point at the full cache."""
+    runs, styles, _ = _lines(run_level(frame), benchmark, values=["score", "kv_bytes_held_per_context"])
+    runs = runs.assign(mib=runs.kv_bytes_held_per_context / 2**20)
+    fig, (ax,) = _grid(1, 7.5, 5.2)
     for label, line in runs[~runs.reference].groupby("line"):
         line = line.sort_values("mib")
         _draw_points(ax, line, line.mib.tolist(), line.score.tolist(), styles[label], label)
@@ -440,7 +566,8 @@ def plot_cost(benchmark: str, frame: pd.DataFrame, path: Path) -> Path:
     ax.set_xscale("log")
     title = f"{benchmark}: score against the memory the cache really holds"
     _score_axes(ax, runs.score, "KV cache held per context (MiB, log scale)", "score", title)
-    return _finish(fig, ax, runs, "labels: compression ratio; square: ", path)
+    notes = "labels: compression ratio, or a decoding-time press's measured share kept; square: "
+    return _finish(fig, [ax], runs, notes if runs.decoding.any() else "labels: compression ratio; square: ", path)
 
 
 def _ratio_labels(ax, runs: pd.DataFrame) -> None:
@@ -449,7 +576,8 @@ def _ratio_labels(ax, runs: pd.DataFrame) -> None:
     whose caches differ by half) never overlap."""
     placed: list[tuple[float, float, str]] = []
     for point in runs.sort_values(["mib", "cr"]).itertuples():
-        text = rundir.cr_text(point.cr)
+        # A decoding-time press ignores cr: its label is what it kept, as measured (frame.decoding_fields).
+        text = f"kept {100 * point.kept_ratio:.0f} %" if point.decoding else rundir.cr_text(point.cr)
         if any(t == text and y == point.score and abs(math.log(x / point.mib)) < 0.05 for x, y, t in placed):
             continue
         offset = (0, 9) if len(placed) % 2 == 0 else (0, -15)
@@ -460,9 +588,10 @@ def _ratio_labels(ax, runs: pd.DataFrame) -> None:
 # How the iso-quality figure marks each threshold's cr (evaluate/score/iso_quality.py).
 _ISO_MARKERS = {"absolute": "v", "relative": "^"}
 _ISO_NOTES = {
-    "cr": "▼ / ▲: the largest cr within the absolute / relative threshold (hollow: ≥ the largest or < the smallest cr)",
+    "cr": "▼ / ▲: the largest cr within the absolute / relative threshold (hollow: ≥ the largest or < the smallest "
+    "cr); bar: its bootstrap 95% interval",
     "budget": "▼ / ▲: the smallest budget within the absolute / relative threshold (hollow: ≤ the smallest or > the "
-    "largest budget)",
+    "largest budget); bar: its bootstrap 95% interval",
 }
 
 
@@ -481,14 +610,14 @@ def plot_iso(
     baseline), a panel per model and query-awareness: the baseline dashed with the band down to the lower of the two
     thresholds shaded and each threshold dotted, and each series' iso-quality cr (or budget) marked on its threshold
     (▼ absolute, ▲ relative; hollow where it is a bound, ≥ or < for a cr, ≤ or > for a budget, rather than a
-    crossing) with its interval as a whisker."""
+    crossing) with its interval as a bar from its low to its high bound (:func:`_interval_bar`)."""
     labels = sorted(series.label.unique())
     palette = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20")
     colors = {label: palette(i % palette.N) for i, label in enumerate(labels)}
     panels = series.groupby(["model", "query_aware"], sort=True)
-    fig, axes = plt.subplots(1, panels.ngroups, figsize=(7.5 * panels.ngroups + 2.5, 5.2), squeeze=False)
+    fig, axes = _grid(panels.ngroups, 7.5, 5.2)
     ratios = sorted({cr for crs in series.ratios for cr in crs})
-    for ax, ((model, query_aware), members) in zip(axes[0], panels, strict=True):
+    for ax, ((model, query_aware), members) in zip(axes, panels, strict=True):
         values = []
         for baseline, lines in members.groupby("baseline_score", sort=True):
             floor = min(baseline - thresholds["absolute"], thresholds["relative"] * baseline)
@@ -517,20 +646,19 @@ def plot_iso(
                     face = color if found.mark in ("interpolated", "measured") else "white"
                     ax.plot([found.cr], [level], marker, color=color, markerfacecolor=face, markersize=10)
                     interval = getattr(line, f"{name}_interval")
-                    if interval is not None and not isinstance(interval, float):  # its bootstrap interval, a whisker
-                        xerr = [[found.cr - interval.low], [interval.high - found.cr]]
-                        ax.errorbar([found.cr], [level], xerr=xerr, fmt="none", capsize=4, color=color)
-        _style(ax, ratios, values, fontsize=11, log=axis.log)
+                    if interval is not None and not isinstance(interval, float):  # its bootstrap interval
+                        _interval_bar(ax, interval.low, interval.high, level, color)
+        _style(ax, ratios, values, fontsize=11, axis=axis)
         ax.set_xlabel(axis.label, fontsize=12)
         ax.set_ylabel("score", fontsize=12)
         ax.set_title(f"{benchmark} — {model}{QUERY_AWARE[query_aware]}: iso-quality", fontsize=13)
-    handles, labels = axes[0][-1].get_legend_handles_labels()
-    unique = dict(zip(labels, handles, strict=True))
-    fig.legend(unique.values(), unique.keys(), loc="upper left", bbox_to_anchor=(1 - 2.4 / fig.get_figwidth(), 0.9))
-    notes = _ISO_NOTES[axis.column]
-    fig.text(0.01, 0.01, notes, fontsize=9, color="0.35")
-    fig.tight_layout(rect=(0, 0.03, 1 - 2.5 / fig.get_figwidth(), 1))
-    return _save(fig, path, dpi=130)
+    return _legend_beside(fig, axes, _ISO_NOTES[axis.column], path)
+
+
+def _interval_bar(ax, low: float, high: float, level: float, color) -> None:
+    """An interval on the x axis at height ``level``, drawn from its own bounds with a cap at each: the estimate it
+    belongs to may lie outside it (a bound's draws, an interpolation's skew), so it is never a distance from that."""
+    ax.plot([low, high], [level, level], "-", color=color, linewidth=1.5, marker="|", markersize=9)
 
 
 def plot_all(
@@ -547,20 +675,24 @@ def plot_all(
     baseline; the score by turn where runs have one; and the heatmap of needle runs. Returns the files written."""
     # Runs at a ratio and token-budget runs are points of one figure by turn.
     written = [plot_turns(name, frame, out / f"{name}_turns.png") for name in turn_benchmarks(frame)]
-    frame, by_budget = split_by_axis(frame)
+    frame, by_budget, by_decoding = split_by_axis(frame)
     for name in sorted(by_budget.benchmark[by_budget.score.notna() & by_budget.budget.notna()].unique()):
         written.append(plot_budget(name, by_budget, out / f"{name}_budget.png"))
         measured = _iso_measured(iso_budget_series, name)
         if not measured.empty:
             thresholds, path = iso_budget_series.attrs["thresholds"], out / f"{name}_iso_budget.png"
             written.append(plot_iso(name, measured, thresholds, path, BUDGET_AXIS))
+    for name in sorted(by_decoding.benchmark[by_decoding.score.notna() & by_decoding.decoding].unique()):
+        written.append(plot_decoding(name, by_decoding, out / f"{name}_decoding.png"))
     for name, runs in frame.groupby("benchmark"):
         scored = runs.score.notna().any()
-        plots = [(plot_benchmark, ""), (plot_task_grid, "_tasks")] if scored else []
-        plots += [(plot_cost, "_cost")] if scored and runs.kv_bytes_held_per_context.notna().any() else []
-        plots += [(plot_kl, "_kl")] if runs.answer_kl.notna().any() else []
-        plots += [(plot_answer_length, "_answer_length")] if runs.answer_tokens.notna().any() else []
-        written += [plot(name, runs, out / f"{name}{suffix}.png") for plot, suffix in plots]
+        # The cost figure reads measured bytes: decoding-time runs are points of it too.
+        held = pd.concat([runs, by_decoding[(by_decoding.benchmark == name) & by_decoding.decoding]])
+        plots = [(plot_benchmark, runs, ""), (plot_task_grid, runs, "_tasks")] if scored else []
+        plots += [(plot_cost, held, "_cost")] if scored and runs.kv_bytes_held_per_context.notna().any() else []
+        plots += [(plot_kl, runs, "_kl")] if runs.answer_kl.notna().any() else []
+        plots += [(plot_answer_length, runs, "_answer_length")] if runs.answer_tokens.notna().any() else []
+        written += [plot(name, runs, out / f"{name}{suffix}.png") for plot, runs, suffix in plots]
         measured = _iso_measured(iso_series, name)
         if not measured.empty:
             written.append(plot_iso(name, measured, iso_series.attrs["thresholds"], out / f"{name}_iso.png"))

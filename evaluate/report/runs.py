@@ -2,6 +2,7 @@
 
 import json
 import logging
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from tqdm.auto import tqdm
 from evaluate import rundir
 from evaluate.benchmarks import Benchmark
 from evaluate.cost_schema import COST_KEYS
-from evaluate.keys import NON_RESULT_KEYS, TURN_DEFAULTS, without_single_turn
+from evaluate.keys import NON_RESULT_KEYS, RECORDED_DEFAULTS, TURN_DEFAULTS, without_single_turn
 from evaluate.score.baseline import NO_PRESS, is_baseline
 from evaluate.score.bootstrap import Interval, NoInterval, headline_interval, mean_interval
 from evaluate.score.likelihood import FIELDS, row_fields
@@ -28,6 +29,11 @@ DEFAULT_RUNS = Path("results/runs")
 # itself (as does any compression_ratio), and the report settings an experiment preset carries; and the
 # conversation settings, which a run's row_key holds (read with their defaults for runs recorded before them).
 _NOT_A_VARIANT = {*NON_RESULT_KEYS, "cr", "budget", "wandb", "report", *TURN_DEFAULTS}
+# A decoding-time run's own axis (config.yaml's ``decoding``): the cache size it compresses to, which its table shows
+# as a column, as the cr tables show cr; its compression_interval tells its runs apart as any other setting.
+_DECODING_AXIS = "target_size"
+# The columns of a headline row, as RunResult.row_key holds them: runs with the same have a variant where they differ.
+ROW_KEY = ("benchmark", "model", "method", "query_aware", "turns", "history")
 
 
 class ReportError(RuntimeError):
@@ -64,8 +70,13 @@ class RunResult:
         self.method = str(self.record.get("method") or self.config.get("press", {}).get("method", "?"))
         # A token-budget run has no one ratio (NaN: the ratio tables leave it to the budget tables).
         self.budget: int | None = self.record.get("budget")
+        # A decoding-time press (kvpress's DecodingPress, CAM) compresses to decoding.target_size every
+        # decoding.compression_interval steps and ignores cr: no ratio either; what it kept is measured in its rows.
+        self.decoding: dict | None = self.record.get("decoding")
         ratio = self.record.get("compression_ratio", 0.0)
-        self.compression_ratio = float("nan") if self.budget is not None or ratio is None else float(ratio)
+        unratioed = self.budget is not None or self.decoding is not None or ratio is None
+        self.compression_ratio = float("nan") if unratioed else float(ratio)
+        self.generate = bool(self.config.get("generate", RECORDED_DEFAULTS["generate"]))
         self.query_aware = bool(self.config.get("query_aware", False))
         self.tasks: dict[str, dict] = self.metrics.get("tasks", {})
         self.samples = sum(int(task.get("n", 0)) for task in self.tasks.values())
@@ -76,8 +87,10 @@ class RunResult:
         self.turns, self.history = (str(self.config.get(key) or value) for key, value in TURN_DEFAULTS.items())
         self.score_by_turn: dict = self.metrics.get("score_by_turn") or {}  # evaluate/score/turns.py
         self.samples_by_turn: dict = self.metrics.get("samples_by_turn") or {}
-        # A row of the headline table.
-        self.row_key = (self.benchmark, self.model, self.method, self.query_aware, self.turns, self.history)
+        # A row of the headline table (ROW_KEY's columns).
+        self.row_key = tuple(getattr(self, name) for name in ROW_KEY)
+        # What can tell it from the other runs of its row: the report names those that differ (variant_names).
+        self.variant_settings = distinguishing_settings(self.config, decoding=self.decoding is not None)
 
     @cached_property
     def rows(self) -> list[dict]:
@@ -101,6 +114,9 @@ _SHAPES = {
         "config.model.source": dict,
         "compression_ratio": _NUMBER,
         "budget": int,
+        "decoding": dict,
+        "decoding.target_size": int,
+        "decoding.compression_interval": int,
     },
     rundir.METRICS: {
         "tasks": dict,
@@ -112,6 +128,9 @@ _SHAPES = {
     rundir.RUN: {
         "status": str,
         "updated_at": str,
+        "decoding": dict,
+        "decoding.rows_compressed": int,
+        "decoding.rows": int,
         **dict.fromkeys(COST_KEYS, _NUMBER),
     },
 }
@@ -242,30 +261,52 @@ def collect_runs(runs_dir: Path) -> tuple[list[RunResult], list[tuple[Path, str]
     return runs, skipped + duplicates
 
 
-def _tells_apart(key: str) -> bool:
-    return key.split(".")[0] not in _NOT_A_VARIANT and key.split(".")[-1] != "compression_ratio"
+def _tells_apart(key: str, decoding: bool) -> bool:
+    last = key.split(".")[-1]
+    return (
+        key.split(".")[0] not in _NOT_A_VARIANT
+        and last != "compression_ratio"
+        and not (decoding and last == _DECODING_AXIS)
+    )
+
+
+def distinguishing_settings(config: dict, decoding: bool = False) -> dict[str, str]:
+    """The settings of a run's config (config.yaml's ``config``) that can tell it from another run of its method, by
+    dotted key, each as canonical JSON: not those that never change a result, nor its ratio, budget or (``decoding``)
+    target size; a setting recorded before it existed at the value those runs ran with (keys.RECORDED_DEFAULTS),
+    so that a variant never reads ``generate=null`` for runs that generated."""
+    flat = {key: value for key, value in flatten(without_single_turn(config)).items() if _tells_apart(key, decoding)}
+    return {key: json.dumps(value, sort_keys=True) for key, value in {**RECORDED_DEFAULTS, **flat}.items()}
+
+
+def variant_names(settings: Sequence[dict[str, str]], rows: Sequence[tuple]) -> list[str]:
+    """Each run's variant, by position: ``key=value`` for every setting (:func:`distinguishing_settings`) whose values
+    differ among the runs of its row (``rows``, a key per run), a missing one as null. Whatever runs are given alone
+    count: a table or figure passes its own, so that it names only what tells its runs apart."""
+    table = pd.DataFrame(list(settings), index=range(len(settings))).fillna("null")
+    names = [""] * len(table)
+    for _, members in table.groupby(pd.Series(list(rows), index=table.index, dtype=object), sort=False):
+        differing = sorted((key for key in members.columns if members[key].nunique() > 1), key=lambda k: (len(k), k))
+        # One setting can sit under several keys (press: ${scorer.press}, min_context: ${.press.window_size}); keys
+        # whose values go together in every run of the method name it once, by the shortest of them.
+        named = sorted(members[differing].T.drop_duplicates().index)
+        for position in members.index:
+            names[position] = ", ".join(f"{key}={members.at[position, key]}" for key in named)
+    return names
 
 
 def _assign_variants(runs: list[RunResult]) -> tuple[list[RunResult], list[tuple[Path, str]]]:
     """Label runs of one method that differ in a setting (seed, window size, ...; the config keys whose values differ
     but the ratio) so they never share a cell; of runs that still collide, the same configuration found twice, keep
     the one with more samples."""
-    configs = [without_single_turn(run.config) for run in runs]
-    flats = [{k: v for k, v in flatten(config).items() if _tells_apart(k)} for config in configs]
-    # Each setting as JSON, a missing one as null; a setting differs when its runs of one method hold several values.
-    settings = pd.DataFrame([{key: json.dumps(value, sort_keys=True) for key, value in flat.items()} for flat in flats])
-    settings = settings.fillna("null")
-    for _, members in settings.groupby(pd.Series([run.row_key for run in runs]), sort=False):
-        differing = sorted((key for key in members.columns if members[key].nunique() > 1), key=lambda k: (len(k), k))
-        # One setting can sit under several keys (press: ${scorer.press}, min_context: ${.press.window_size}); keys
-        # whose values go together in every run of the method name it once, by the shortest of them.
-        named = sorted(members[differing].T.drop_duplicates().index)
-        for position in members.index:
-            runs[position].variant = ", ".join(f"{key}={json.dumps(flats[position].get(key))}" for key in named)
+    names = variant_names([run.variant_settings for run in runs], [run.row_key for run in runs])
+    for run, name in zip(runs, names, strict=True):
+        run.variant = name
     kept: dict[tuple, RunResult] = {}
     duplicates = []
     for run in runs:
-        key = (*run.row_key, run.variant, run.budget, None if run.budget else round(run.compression_ratio, 6))
+        ratio = None if math.isnan(run.compression_ratio) else round(run.compression_ratio, 6)
+        key = (*run.row_key, run.variant, run.budget, ratio, (run.decoding or {}).get(_DECODING_AXIS))
         if key in kept:  # more samples wins, then the most recent; on a tie, the run found later
             worse, kept[key] = sorted((kept[key], run), key=lambda r: (r.samples, r.run.get("updated_at", "")))
             reason = f"same configuration as {kept[key].path}, which has more samples or is newer"

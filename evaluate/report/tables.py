@@ -10,7 +10,7 @@ import pandas as pd
 
 from evaluate import rundir
 from evaluate.cost_schema import COST_KEYS, cost_metadata
-from evaluate.report.frame import run_level
+from evaluate.report.frame import labelled, run_level
 from evaluate.report.runs import NO_PRESS, flatten
 from evaluate.score.likelihood import FIELDS as LIKELIHOOD_FIELDS
 
@@ -120,10 +120,8 @@ def baseline_notes(runs: pd.DataFrame, axis: Axis = RATIO) -> list[str]:
         return [f"No `{NO_PRESS}` run: run `press=none` for the no-compression row."]
     notes = []
     if not missing.empty:
-        listed = ", ".join(dict.fromkeys(missing.label + " " + missing[axis.column].map(axis.header)))
         notes.append(
-            f"No uncompressed baseline for {listed}: no `{NO_PRESS}` run here has the same data, samples and "
-            "settings but the press; run `press=none` with their settings for one."
+            no_baseline_note(", ".join(dict.fromkeys(missing.label + " " + missing[axis.column].map(axis.header))))
         )
     alone = runs.reference & ~runs.run.isin(runs.baseline.dropna())
     if alone.any() and not runs.reference.all():
@@ -132,6 +130,14 @@ def baseline_notes(runs: pd.DataFrame, axis: Axis = RATIO) -> list[str]:
             "or settings differ)."
         )
     return notes
+
+
+def no_baseline_note(listed: str) -> str:
+    """The note for the compressed runs ``listed`` that have no uncompressed baseline here."""
+    return (
+        f"No uncompressed baseline for {listed}: no `{NO_PRESS}` run here has the same data, samples and settings "
+        "but the press; run `press=none` with their settings for one."
+    )
 
 
 def row_method(runs: pd.DataFrame) -> pd.Series:
@@ -169,7 +175,7 @@ def interval_notes(items: pd.DataFrame) -> list[str]:
 def headline_table(frame: pd.DataFrame, benchmark: str, axis: Axis = RATIO) -> Table:
     """Rows benchmark x method (x model when several), columns cr (or budget, ``axis``); no compression beside the
     runs it is the baseline of (:func:`placed_references`)."""
-    frame = run_level(frame[frame.benchmark == benchmark])
+    frame = labelled(run_level(frame[frame.benchmark == benchmark]))
     ratios, references = placed_references(frame, axis)
     compressed = frame[~frame.reference]
     placed = pd.concat([compressed.assign(column=compressed[axis.column]), references], ignore_index=True)
@@ -195,7 +201,7 @@ def headline_table(frame: pd.DataFrame, benchmark: str, axis: Axis = RATIO) -> T
 def task_table(frame: pd.DataFrame, benchmark: str) -> Table:
     """Task x method at each compression ratio; each section holds the no-compression columns of its runs'
     baselines (:func:`placed_references`)."""
-    frame = frame[frame.benchmark == benchmark]
+    frame = labelled(frame[frame.benchmark == benchmark])
     scored = frame.dropna(subset=["task"])
     runs = run_level(frame)
     if runs.model.nunique() > 1:
@@ -219,9 +225,30 @@ def task_table(frame: pd.DataFrame, benchmark: str) -> Table:
     return Table(f"{benchmark}_tasks", f"{benchmark}: per-task scores", data, sections, partial_note(runs))
 
 
-def budget_column(frame: pd.DataFrame) -> list[str]:
-    """The ``budget`` column, where token-budget runs are listed (reports without them keep their columns)."""
-    return ["budget"] if frame.budget.notna().any() else []
+# A decoding-time run's own columns (config.yaml's decoding): what it compresses to, and how often.
+DECODING_COLUMNS = ["target_size", "compression_interval"]
+
+
+def kept_columns(frame: pd.DataFrame) -> list[str]:
+    """What decides what a run keeps, besides cr, where the table lists runs it decides for: ``budget`` for
+    token-budget runs, :data:`DECODING_COLUMNS` for decoding-time runs (reports without them keep their columns)."""
+    return (["budget"] if frame.budget.notna().any() else []) + (DECODING_COLUMNS if frame.decoding.any() else [])
+
+
+def kept_types(frame: pd.DataFrame) -> dict[str, str]:
+    """:func:`kept_columns` are whole numbers of tokens or steps, missing for the runs they do not decide: the tables
+    write 256, not 256.0."""
+    return dict.fromkeys(kept_columns(frame), "Int64")
+
+
+def kept_values(level: pd.DataFrame) -> pd.DataFrame:
+    """:func:`kept_columns` of ``level``, as the CSV files hold them (:func:`kept_types`)."""
+    return level[kept_columns(level)].astype(kept_types(level))
+
+
+def kept_shown(level: pd.DataFrame) -> pd.DataFrame:
+    """:func:`kept_values` as the Markdown shows them: "-" where the column does not apply."""
+    return kept_values(level).astype(object).fillna("-")
 
 
 def turn_columns(frame: pd.DataFrame) -> list[str]:
@@ -231,30 +258,28 @@ def turn_columns(frame: pd.DataFrame) -> list[str]:
 
 
 def cr_cells(level: pd.DataFrame) -> pd.Series:
-    """Each run's cr as the tables show it; "-" for a token-budget run, which has none (its budget is beside it)."""
+    """Each run's cr as the tables show it; "-" for a token-budget or decoding-time run, which has none (its budget,
+    or its target size, is beside it: :func:`kept_columns`)."""
     return level.cr.map(lambda cr: "-" if pd.isna(cr) else fmt_cr(cr))
 
 
 def kept_cells(level: pd.DataFrame) -> pd.Series:
-    """What each run keeps, as a note names it: cr=0.75, or budget=256."""
-    pairs = zip(level.cr, level.budget, strict=True)
-    kept = [fmt_cr(cr) if pd.isna(budget) else fmt_budget(budget) for cr, budget in pairs]
+    """What each run keeps, as a note names it: cr=0.75, budget=256, or target_size=64 (a decoding-time run)."""
+    kept = [
+        f"target_size={target}" if pd.notna(target) else fmt_cr(cr) if pd.isna(budget) else fmt_budget(budget)
+        for cr, budget, target in zip(level.cr, level.budget, level.target_size, strict=True)
+    ]
     return pd.Series(kept, index=level.index)
-
-
-def budget_type(frame: pd.DataFrame) -> dict[str, str]:
-    """Budgets are whole numbers of tokens, missing for cr runs: the tables write 256, not 256.0."""
-    return dict.fromkeys(budget_column(frame), "Int64")
 
 
 def runs_table(frame: pd.DataFrame) -> Table:
     """Every run with every figure the other tables show, one row each."""
     frame = run_level(frame).sort_values(["benchmark", "model", "method", "variant", "cr", "budget"], kind="stable")
     columns = "benchmark model model_id method variant query_aware".split() + turn_columns(frame)
-    columns += ["cr", *budget_column(frame)]
+    columns += ["cr", *kept_columns(frame)]
     columns += "score ci_low ci_high n partial".split()
     columns += "partial_reasons status kept_ratio wall_seconds peak_memory_mb run_dir".split()
-    data = frame.assign(partial_reasons=frame.partial_reasons.str.join("; "))[columns].astype(budget_type(frame))
+    data = frame.assign(partial_reasons=frame.partial_reasons.str.join("; "))[columns].astype(kept_types(frame))
     return Table("runs", "Runs", data.rename(columns=_CSV_NAMES))
 
 
@@ -263,15 +288,17 @@ def cost_table(frame: pd.DataFrame) -> Table:
     phase, decoding speed, forward passes per question, the KV bytes each context's cache physically held against
     those its press counts as kept, wall time and peak memory."""
     frame = run_level(frame).sort_values(["benchmark", "model", "method", "variant", "cr", "budget"], kind="stable")
+    frame = labelled(frame)
     columns = ["benchmark", "model", "method", "variant", "query_aware", *turn_columns(frame), "cr"]
-    columns += [*budget_column(frame), "score"]
+    columns += [*kept_columns(frame), "score"]
     # A cost only some runs measure (prefills per conversation) is a column where one of them is in the table.
     keys = [key for key in COST_KEYS if not cost_metadata(key)["optional"] or frame[key].notna().any()]
     columns += keys
-    data = frame[columns].astype(budget_type(frame)).rename(columns=_CSV_NAMES)
+    data = frame[columns].astype(kept_types(frame)).rename(columns=_CSV_NAMES)
     shown_as = {"number": fmt_number, "count": fmt_count, "mib": fmt_mib}
-    # A token-budget run has no one ratio, a cr run no budget: "-" in the column that does not apply.
-    axes = {name: data[name].astype(object).fillna("-") for name in ("compression_ratio", "budget") if "budget" in data}
+    # A token-budget or decoding-time run has no one ratio, a cr run no budget: "-" in the column that does not apply.
+    kept = kept_columns(frame)
+    axes = {name: data[name].astype(object).fillna("-") for name in ("compression_ratio", *kept) if kept}
     shown = data.assign(
         score=data.score.map(fmt_number),
         **axes,
@@ -281,7 +308,31 @@ def cost_table(frame: pd.DataFrame) -> Table:
         "KV MiB per context: held is what the compressed cache physically stores (masking presses keep every pair), "
         "kept is what the press counts as kept. Seconds are each run's own share of a sweep's shared work."
     ]
-    return Table("cost", "Cost beside quality", data, [("", shown)], notes)
+    return Table("cost", "Cost beside quality", data, [("", shown)], notes + decoding_notes(frame))
+
+
+def decoding_notes(level: pd.DataFrame) -> list[str]:
+    """What a table of KV bytes says of its decoding-time runs: their bytes are measured, never their recorded cr's,
+    and which of them never compressed."""
+    if not level.decoding.any():
+        return []
+    notes = [
+        "Decoding-time presses (decoding_*, cam_*) compress the cache to target_size every compression_interval "
+        "decoding steps and ignore cr (`-`): their KV bytes are those the answers' last compression left, as measured."
+    ]
+    return notes + never_compressed_note(level)
+
+
+def never_compressed_note(level: pd.DataFrame) -> list[str]:
+    """Which decoding-time runs of ``level`` never compressed, and why they say nothing of compression."""
+    never = level[level.never_compressed]
+    if never.empty:
+        return []
+    listed = ", ".join(dict.fromkeys(never.benchmark + " " + never.label + " " + kept_cells(never)))
+    return [
+        f"Never compressed: {listed}: no answer grew its cache past target_size, so the press never ran and the run "
+        "measured the uncompressed model; it holds quality at no compression."
+    ]
 
 
 def fmt_count(value: float | None) -> str:
@@ -308,22 +359,30 @@ def fmt_likelihood(value: float | None, low: float | None = None, high: float | 
     return f"{value:.3f}" + ("" if pd.isna(low) else f" [{low:.3f}, {high:.3f}]")
 
 
+# The likelihood tables' order: by cr, then budgets from the largest (the least compression first).
+_LIKELIHOOD_ORDER = ["benchmark", "model", "query_aware", "cr", "budget", "target_size", "method", "variant"]
+_LIKELIHOOD_ASCENDING = [True, True, True, True, False, True, True, True]
+
+
 def likelihood_tables(frame: pd.DataFrame) -> list[Table]:
     """The likelihood fields of every run that has them (evaluate/engine/teacher_forcing.py): ``likelihood``, each
     field's headline (the unweighted mean of its task means) with its bootstrap 95% interval, a row per run; and
-    ``likelihood_tasks``, the task means, a row per run x task. None of them without such runs."""
-    runs = run_level(frame).dropna(subset=["answer_kl"])
+    ``likelihood_tasks``, the task means, a row per run x task. None of them without such runs. Runs at a ratio,
+    token-budget and decoding-time runs alike: each says what it keeps (:func:`cr_cells`, :func:`kept_columns`)."""
+    runs = labelled(run_level(frame).dropna(subset=["answer_kl"]))
     if runs.empty:
         return []
-    runs = runs.sort_values(["benchmark", "model", "query_aware", "cr", "method", "variant"], kind="stable")
+    runs = runs.sort_values(_LIKELIHOOD_ORDER, ascending=_LIKELIHOOD_ASCENDING, kind="stable")
     models = {"model": runs.model} if runs.model.nunique() > 1 else {}
-    shown = pd.DataFrame({"benchmark": runs.benchmark, **models, "method": runs.label, "cr": runs.cr.map(fmt_cr)})
+    shown = pd.DataFrame({"benchmark": runs.benchmark, **models, "method": runs.label, "cr": cr_cells(runs)})
+    shown[kept_columns(runs)] = kept_shown(runs)
     for name, heading in LIKELIHOOD_HEADINGS.items():
         shown[heading] = [fmt_likelihood(*values) for values in runs[[name, f"{name}_low", f"{name}_high"]].to_numpy()]
     shown["n"] = runs.likelihood_n.astype(str)
-    columns = ["benchmark", "model", "method", "query_aware", "cr"]
+    columns = ["benchmark", "model", "method", "query_aware", "cr", *kept_columns(runs)]
     columns += [f"{name}{end}" for name in LIKELIHOOD_FIELDS for end in ("", "_low", "_high")] + ["likelihood_n"]
-    data = runs.assign(method=row_method(runs))[columns].rename(columns={**_CSV_NAMES, "likelihood_n": "n"})
+    data = runs.assign(method=row_method(runs))[columns].astype(kept_types(runs))
+    data = data.rename(columns={**_CSV_NAMES, "likelihood_n": "n"})
     notes = [
         "Per sample, the reference answer teacher-forced on the compressed cache: its mean negative log-likelihood "
         "per token (nats), that on the uncompressed cache, the mean KL(uncompressed ‖ compressed) of the next-token "
@@ -337,17 +396,16 @@ def likelihood_tables(frame: pd.DataFrame) -> list[Table]:
     ]
     title = "Quality without generation: answer likelihood and divergence from the uncompressed model"
     headline = Table("likelihood", title, data, [("", shown.reset_index(drop=True))], notes + interval_notes(runs))
-    tasks = frame.dropna(subset=["task_answer_kl"]).sort_values(
-        ["benchmark", "model", "query_aware", "cr", "method", "variant", "task"], kind="stable"
-    )
-    task_columns = ["benchmark", "model", "method", "query_aware", "cr", "task"]
+    tasks = labelled(frame[frame.run.isin(runs.run)]).dropna(subset=["task_answer_kl"])  # labelled as the runs are
+    tasks = tasks.sort_values([*_LIKELIHOOD_ORDER, "task"], ascending=[*_LIKELIHOOD_ASCENDING, True], kind="stable")
+    task_columns = ["benchmark", "model", "method", "query_aware", "cr", *kept_columns(runs), "task"]
     task_columns += [f"task_{name}" for name in LIKELIHOOD_FIELDS] + ["task_likelihood_n"]
-    task_data = tasks.assign(method=row_method(tasks))[task_columns]
+    task_data = tasks.assign(method=row_method(tasks))[task_columns].astype(kept_types(runs))
     task_data = task_data.rename(columns={"cr": "compression_ratio", "task_likelihood_n": "n"})
     task_data = task_data.rename(columns=lambda column: column.removeprefix("task_") if column != "task" else column)
     sections = []
     for benchmark, members in tasks.groupby("benchmark"):
-        kl = members.assign(row=members.label + " " + members.cr.map(fmt_cr)).pivot_table(
+        kl = members.assign(row=members.label + " " + kept_cells(members)).pivot_table(
             index="task", columns="row", values="task_answer_kl", sort=False
         )
         body = kl.map(fmt_likelihood).reset_index()

@@ -5,19 +5,20 @@ independent one (each turn from a fresh copy of the compressed context) down a c
 
 import pandas as pd
 
-from evaluate.report.frame import run_level
+from evaluate.report.frame import labelled, run_level
 from evaluate.report.tables import (
     Table,
-    budget_column,
-    budget_type,
     cr_cells,
     fmt_number,
     kept_cells,
+    kept_columns,
+    kept_shown,
+    kept_values,
     row_method,
 )
 
 # Baselines first, then by method, conversation settings and what the run keeps.
-_ORDER = ["reference", "model", "query_aware", "method", "variant", "turns", "history", "cr", "budget"]
+_ORDER = ["reference", "model", "query_aware", "method", "variant", "turns", "history", "cr", "budget", "target_size"]
 _CELLS = (
     "Cells: the benchmark's score on the samples of each turn (turn 0: each conversation's first question) "
     "n=samples. turns: independent asks each turn on its own from a fresh copy of the compressed context; multi "
@@ -35,7 +36,7 @@ def turn_runs(frame: pd.DataFrame, benchmark: str) -> pd.DataFrame:
     """The runs of ``benchmark`` (run level) that have a score by turn, in the table's order, each with ``point``:
     its label and what it keeps (cr=0.5, or budget=256), after its model where several, as a line of the figure."""
     runs = run_level(frame[frame.benchmark == benchmark])
-    runs = runs[runs.score_by_turn.map(bool)]
+    runs = labelled(runs[runs.score_by_turn.map(bool)])
     runs = runs.sort_values(_ORDER, ascending=[False, *[True] * (len(_ORDER) - 1)], kind="stable")
     point = runs.label + " · " + kept_cells(runs)
     if runs.model.nunique() > 1:
@@ -65,14 +66,11 @@ def turn_table(frame: pd.DataFrame, benchmark: str) -> Table | None:
     counts = points.pivot(index="run", columns="turn", values="turn_n").reindex(runs.run)
     models = {"model": runs.model} if runs.model.nunique() > 1 else {}
     shown = pd.DataFrame({"method": runs.label, **models, "cr": cr_cells(runs)})
-    budgets = runs[budget_column(runs)].astype(budget_type(runs))  # no column where no run has a budget
-    for column in budgets:
-        shown[column] = budgets[column].astype(object).fillna("-")
+    shown[kept_columns(runs)] = kept_shown(runs)  # no column where no run has a budget or target size
     shown = shown.assign(turns=runs.turns, history=runs.history)
     data = runs[["benchmark", "model"]].assign(method=row_method(runs), query_aware=runs.query_aware)
     data["compression_ratio"] = runs.cr
-    for column in budgets:
-        data[column] = budgets[column]
+    data[kept_columns(runs)] = kept_values(runs)
     data = data.assign(turns=runs.turns, history=runs.history)
     for turn in scores.columns:
         cells = [

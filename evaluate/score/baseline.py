@@ -13,7 +13,7 @@ from functools import cache, partial
 from pathlib import Path
 
 from evaluate import rundir
-from evaluate.keys import NON_RESULT_KEYS, PRESS_KEYS, without_single_turn
+from evaluate.keys import NON_RESULT_KEYS, PRESS_KEYS, RECORDED_DEFAULTS, without_single_turn
 
 NO_PRESS = "no_press"
 
@@ -22,7 +22,7 @@ def baseline_key(config: dict) -> str:
     """What a run shares with its baseline: its recorded config (config.yaml's ``config``) without the keys that
     change no prediction and those that choose the press, as canonical JSON."""
     kept = {key: value for key, value in config.items() if key not in NON_RESULT_KEYS and key not in PRESS_KEYS}
-    kept.setdefault("generate", True)  # runs recorded before generate=false existed generated
+    kept.setdefault("generate", RECORDED_DEFAULTS["generate"])  # runs recorded before generate=false existed generated
     kept = without_single_turn(kept)
     if kept.get("max_new_tokens") is None or not kept["generate"]:
         # Each row's own, as in the runs recorded before the key existed; generate=false reads none.
