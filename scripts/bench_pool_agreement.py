@@ -1,7 +1,7 @@
 """Decoding-time presses in the pool against one by one: how many rows part, and whether the score moves.
 
     python scripts/bench_pool_agreement.py                                     # SmolLM2, ruler_synth at 1k, 66 rows
-    python scripts/bench_pool_agreement.py --model tiny_random --limit 1       # a quick check of the script itself
+    python scripts/bench_pool_agreement.py --model tiny_random --tasks niah_single_1 --limit 2   # a check
 
 The same sweep (``decoding_knorm`` and ``decoding_tova`` at two targets) runs twice as ``python -m evaluate -m``:
 once in the decoding pool (``decode_batch_size=32``, the default path) and once one row at a time
@@ -40,6 +40,7 @@ def sweep_command(args: argparse.Namespace, out: Path, batch: int) -> list[str]:
         f"model={args.model}",
         "benchmark=ruler_synth",
         f"benchmark.max_seq_length={args.max_seq_length}",
+        *([f"benchmark.tasks=[{args.tasks}]"] if args.tasks else []),
         f"limit={args.limit}",
         f"dtype={args.dtype}",
         "likelihood=false",
@@ -105,7 +106,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2_135m")
     parser.add_argument("--max-seq-length", type=int, default=1024)
-    parser.add_argument("--limit", type=int, default=6, help="samples per task (the 11 that need no QA files)")
+    parser.add_argument("--tasks", help="ruler_synth tasks (default: the 11 that need no QA files)")
+    parser.add_argument("--limit", type=int, default=6, help="samples per task")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--methods", default="decoding_knorm,decoding_tova")
     parser.add_argument("--targets", default="256,512")

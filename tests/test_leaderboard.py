@@ -248,3 +248,21 @@ def test_budget_runs_are_refused_whatever_the_flag_naming_the_true_fix(tmp_path,
             "ratio, and a token budget compresses each context at its own; rerun with cr= to submit it"
         )
         assert "--allow-partial" not in line
+
+
+def test_decoding_time_runs_are_refused_whatever_the_flag(tmp_path, capsys):
+    root = tmp_path / "runs"
+    write_run(
+        root,
+        uniform([True]),
+        method="decoding_knorm",
+        model=QWEN,
+        decoding={"target_size": 256, "compression_interval": 8},
+    )
+    with pytest.raises(SystemExit, match="nothing exported"):
+        main([str(root), "--out", str(tmp_path / "submission"), "--allow-partial"])
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.endswith(
+        "not exportable: a decoding-time press (target_size=256, compression_interval=8) reads no compression ratio, "
+        "and kvpress's leaderboard places each submission at one; its score is in the report's decoding table"
+    )

@@ -12,9 +12,9 @@ a directory that the kvpress leaderboard reads, named as kvpress's evaluation na
 
 Partial runs (a sample limit or fraction, fewer than 13 tasks, data other than the hub dataset, failed
 samples) are refused with their reasons unless ``--allow-partial``; runs the format has no place for (a token
-budget, ``turns=multi``, ``generate=false``) are refused whatever the flag, each naming the rerun. Each directory
-is assembled in a staging folder beside DIR and renamed into place only once complete, so a refused or failed
-export leaves nothing that looks like a submission.
+budget, a decoding-time press, ``turns=multi``, ``generate=false``) are refused whatever the flag, each saying why.
+Each directory is assembled in a staging folder beside DIR and renamed into place only once complete, so a refused or
+failed export leaves nothing that looks like a submission.
 
 Exports into one DIR add up: leaderboard.csv is rebuilt from every submission folder DIR holds, so it lists what an
 earlier export wrote from other runs too. A submission already in DIR is left as it is when the export would write
@@ -158,6 +158,12 @@ def prepare(run: RunResult, allow_partial: bool) -> Submission:
         raise Refused(
             f"budget={run.budget}: kvpress's leaderboard places each submission at one compression ratio, and a token "
             "budget compresses each context at its own; rerun with cr= to submit it"
+        )
+    if run.decoding is not None:  # it compresses to a target while decoding: the submission would have no ratio
+        raise Refused(
+            f"a decoding-time press (target_size={run.decoding['target_size']}, compression_interval="
+            f"{run.decoding['compression_interval']}) reads no compression ratio, and kvpress's leaderboard places "
+            "each submission at one; its score is in the report's decoding table"
         )
     if run.turns != "independent":  # its submission would share the name of the same press's independent run
         raise Refused(f"turns={run.turns}: kvpress's leaderboard asks each question on its own (turns=independent)")
