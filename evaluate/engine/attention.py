@@ -1,9 +1,13 @@
 """The attention of a pool step: each row over the keys its slot's mask shows, registered with transformers'
 ``AttentionInterface``.
 
-On CUDA ``scaled_dot_product_attention`` with the mask; on the CPU a grouped-query matrix product that does not
-repeat the KV heads (measured 3.9 ms against sdpa's 6.8 ms for 32 rows over 1,100 keys; sdpa without ``enable_gqa``
-copies every key three times and took 76 ms).
+On CUDA ``scaled_dot_product_attention`` with the mask; on the CPU in float32 and float64 a grouped-query matrix
+product that does not repeat the KV heads (measured 3.9 ms against sdpa's 6.8 ms for 32 rows over 1,100 keys; sdpa
+without ``enable_gqa`` copies every key three times and took 76 ms). In bfloat16 and float16 the CPU takes sdpa too:
+the matrix product rounds the scores and the weights to the half-precision type before the values are summed,
+where sdpa's CPU kernel (the one kvpress's pipeline runs) keeps them in float32, so a pool of one row parted from
+the pipeline (6 of 15 rows of tests/test_decoding.py's in bfloat16, 1 in float16) and with sdpa it does not
+(tests/test_dtype_agreement.py).
 """
 
 from collections.abc import Iterator
@@ -15,6 +19,8 @@ from torch.nn import functional
 from transformers import AttentionInterface
 
 POOL_ATTENTION = "pressbench_pool"
+# Where the CPU attends as kvpress's pipeline does, in sdpa (the module docstring says why).
+HALF_PRECISION = (torch.bfloat16, torch.float16)
 
 
 def pool_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, pool=None, **kwargs):
@@ -35,7 +41,7 @@ def _attend(query, key, value, mask, scaling) -> torch.Tensor:
     batch, heads, width, head_dim = query.shape
     kv_heads = key.shape[1]
     groups = heads // kv_heads
-    if query.device.type == "cuda":
+    if query.device.type == "cuda" or query.dtype in HALF_PRECISION:
         return functional.scaled_dot_product_attention(
             query, key, value, attn_mask=mask.repeat_interleave(groups, dim=1), scale=scaling, enable_gqa=True
         )
