@@ -3,7 +3,8 @@
     python scripts/bench_pool_agreement.py                                     # SmolLM2, ruler_synth at 1k, 66 rows
     python scripts/bench_pool_agreement.py --model tiny_random --tasks niah_single_1 --limit 2   # a check
 
-The same sweep (``decoding_knorm`` and ``decoding_tova`` at two targets) runs twice as ``python -m evaluate -m``:
+The same sweep (by default ``decoding_knorm`` and ``decoding_tova`` at two targets; ``--methods`` and ``--crs`` add
+prefill presses, ``--dtype bfloat16`` the leaderboard's dtype) runs twice as ``python -m evaluate -m``:
 once in the decoding pool (``decode_batch_size=32``, the default path) and once one row at a time
 (``decode_batch_size=1``, kvpress's pipeline path, bit-exact with kvpress's ``evaluate.py``). A score-based press
 breaks near-ties of its scores by the rounding of the step it compresses after, and the pool's batched step rounds
@@ -46,6 +47,7 @@ def sweep_command(args: argparse.Namespace, out: Path, batch: int) -> list[str]:
         "likelihood=false",
         f"max_new_tokens={args.max_new_tokens}",
         f"method={args.methods}",
+        f"cr={args.crs}",
         f"target_size={args.targets}",
         f"compression_interval={args.interval}",
         f"decode_batch_size={batch}",
@@ -58,6 +60,13 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None if len(a) == len(b) else 0)
 
 
+def point_name(record: dict) -> str:
+    """A point as the table names it: its method and what it keeps (a decoding-time press's target, or cr)."""
+    if record.get("decoding"):
+        return f"{record['method']} target {record['decoding']['target_size']}"
+    return f"{record['method']} cr {record['compression_ratio']:g}"
+
+
 def compare(pool_dir: Path, one_dir: Path) -> dict:
     """One point's two runs: rows that part, where, each score, and the paired interval of the difference."""
     record = rundir.read_yaml(pool_dir / rundir.CONFIG)
@@ -68,7 +77,7 @@ def compare(pool_dir: Path, one_dir: Path) -> dict:
     parted = [index for index in parts if index is not None]
     interval = difference_interval(benchmark, list(pool.values()), benchmark, list(one.values()))
     return {
-        "point": f"{record['method']} target {record['decoding']['target_size']}",
+        "point": point_name(record),
         "rows": len(one),
         "parted": len(parted),
         "first": statistics.median(parted) if parted else None,
@@ -91,13 +100,14 @@ def table(results: list[dict], header: str) -> str:
         low_high = (
             "-" if result["interval"] is None else f"[{result['interval'][0]:+.2f}, {result['interval'][1]:+.2f}]"
         )
-        compressed = result["compressed"] or {}
+        counted = result["compressed"]
+        compressed = "-" if not counted else f"{counted['rows_compressed']} of {counted['rows']}"
         first = "-" if result["first"] is None else result["first"]
         lines.append(
             f"| {result['point']} | {result['rows']} | {result['parted']} "
             f"({100 * result['parted'] / result['rows']:.1f} %) | {first}"
             f" | {result['pool']:.2f} | {result['one']:.2f} | {result['pool'] - result['one']:+.2f} {low_high} | "
-            f"{compressed.get('rows_compressed', '-')} of {compressed.get('rows', '-')} |"
+            f"{compressed} |"
         )
     return "\n".join(lines)
 
@@ -109,13 +119,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tasks", help="ruler_synth tasks (default: the 11 that need no QA files)")
     parser.add_argument("--limit", type=int, default=6, help="samples per task")
     parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--methods", default="decoding_knorm,decoding_tova")
-    parser.add_argument("--targets", default="256,512")
+    parser.add_argument("--methods", default="decoding_knorm,decoding_tova", help="registry entries, any kind")
+    parser.add_argument("--crs", default="0.5", help="the prefill presses' ratios (decoding-time presses read none)")
+    parser.add_argument("--targets", default="256,512", help="the decoding-time presses' target sizes")
+    parser.add_argument(
+        "--out", type=Path, help="keep the runs here (a rerun resumes them); default: a temporary folder"
+    )
     parser.add_argument("--interval", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=48)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as scratch:
-        outs = {batch: Path(scratch) / f"batch{batch}" for batch in (32, 1)}
+        outs = {batch: (args.out or Path(scratch)) / f"batch{batch}" for batch in (32, 1)}
         seconds = {batch: timed(sweep_command(args, out, batch))[0] for batch, out in outs.items()}
         names = sorted(path.name for path in outs[1].iterdir() if (path / rundir.METRICS).exists())
         results = [compare(outs[32] / name, outs[1] / name) for name in names]

@@ -23,6 +23,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from evaluate.engine.attention import HALF_PRECISION
 from evaluate.engine.decoding_compression import write_fake_keys
 from evaluate.engine.devices import input_device, layer_devices
 from evaluate.engine.requests import DecodeRequest
@@ -311,6 +312,10 @@ class SlotCache:
 
     def _segment(self, layer_idx: int, start: int, stop: int, width: int) -> tuple:
         """Slots ``start:stop`` of a decoding step over their first ``width`` keys: views, nothing copied."""
+        if stop - start == 1 and self.dtype in HALF_PRECISION:
+            # A row alone in half precision attends its layer's own keys, as kvpress's pipeline does: sdpa sums a
+            # longer row of keys, masked or not, in other blocks, which rounds otherwise (test_dtype_agreement.py).
+            width = max(1, int(self.host_lengths[layer_idx, start]))
         rows = slice(start, stop)
         keys, values = self.keys[layer_idx][rows, :, :width], self.values[layer_idx][rows, :, :width]
         return rows, keys, values, self.visible[layer_idx][rows, :, None, :width]

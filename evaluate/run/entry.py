@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from transformers.utils import logging as transformers_logging
 
 from evaluate import rundir
-from evaluate.engine.attention import why_not_pooled
+from evaluate.engine.attention import HALF_PRECISION, why_not_pooled
 from evaluate.engine.decoding_pool import decode_memory_bytes
 from evaluate.engine.pipeline_engine import (
     PipelineEngine,
@@ -76,27 +76,32 @@ def answer_path(plan: Plan, model) -> tuple[str, str, str | None]:
             f"the press compresses while decoding: each row compresses its own cache on its own schedule in the pool, "
             f"its prefill shared (decode_batch_size={plan.spec.decode_batch_size})"
         )
-        return "pool", why, pool_tie_note(decoding, model.dtype)
-    return (
-        "pool",
-        (
+    else:
+        why = (
             f"the press acts only after each layer's attention, so the context's prefill is shared and its questions "
             f"are decoded in the pool (decode_batch_size={plan.spec.decode_batch_size})"
-        ),
-        None,
-    )
+        )
+    return "pool", why, pool_note(decoding, model.dtype)
 
 
-def pool_tie_note(decoding: DecodingPress, dtype: torch.dtype) -> str | None:
-    """What a decoding-time press's rows in the pool may differ in from kvpress's batch of one: a press that selects
-    by scores, outside float64, where the batched step's rounding can break near-ties otherwise (docs/performance.md,
-    "Decoding-time presses: the pool against one by one", measures how often and whether the score moves)."""
-    if selects_by_position(decoding.base_press) or dtype == torch.float64:
+def pool_note(decoding: DecodingPress | None, dtype: torch.dtype) -> str | None:
+    """What the pool's rows may differ in from kvpress's batch of one (docs/performance.md measures how often, and
+    whether the score moves): in half precision, any row where two candidates nearly tie, since the batched steps
+    round otherwise (a pool of one row equals the pipeline); outside float64, a decoding-time press that selects by
+    scores, whose near-ties the batched step's rounding can break otherwise."""
+    name = str(dtype).removeprefix("torch.")
+    if dtype in HALF_PRECISION:
+        return (
+            f"in {name} the pool's batched steps round otherwise than kvpress's batch of one, so an answer may part "
+            "from it where two tokens or scores nearly tie (docs/performance.md, 'The pool in half precision'); "
+            "decode_batch_size=1 is the bit-exact path"
+        )
+    if decoding is None or selects_by_position(decoding.base_press) or dtype == torch.float64:
         return None
     return (
-        f"{type(decoding.base_press).__name__} selects by scores, and in {str(dtype).removeprefix('torch.')} the "
-        "pool's batched rounding can break near-ties of them otherwise than kvpress's batch of one, so a row's answer "
-        "may part from it after a compression; decode_batch_size=1 is the bit-exact path"
+        f"{type(decoding.base_press).__name__} selects by scores, and in {name} the pool's batched rounding can break "
+        "near-ties of them otherwise than kvpress's batch of one, so a row's answer may part from it after a "
+        "compression; decode_batch_size=1 is the bit-exact path"
     )
 
 
