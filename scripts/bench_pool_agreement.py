@@ -125,18 +125,30 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--out", type=Path, help="keep the runs here (a rerun resumes them); default: a temporary folder"
     )
+    parser.add_argument(
+        "--compare-only", action="store_true", help="run nothing: compare the points --out holds finished both ways"
+    )
     parser.add_argument("--interval", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=48)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as scratch:
         outs = {batch: (args.out or Path(scratch)) / f"batch{batch}" for batch in (32, 1)}
-        seconds = {batch: timed(sweep_command(args, out, batch))[0] for batch, out in outs.items()}
-        names = sorted(path.name for path in outs[1].iterdir() if (path / rundir.METRICS).exists())
+        seconds = (
+            {}
+            if args.compare_only
+            else {batch: timed(sweep_command(args, out, batch))[0] for batch, out in outs.items()}
+        )
+        finished = [path.name for path in outs[1].iterdir() if (path / rundir.METRICS).exists()]
+        names = sorted(name for name in finished if (outs[32] / name / rundir.METRICS).exists())
         results = [compare(outs[32] / name, outs[1] / name) for name in names]
     header = (
         f"{args.model} ({args.dtype}), ruler_synth at {args.max_seq_length} tokens ({args.limit} per task), "
-        f"compression_interval {args.interval}, max_new_tokens {args.max_new_tokens}; pool {seconds[32]:.1f} s, one by "
-        f"one {seconds[1]:.1f} s ({seconds[1] / seconds[32]:.2f}x)"
+        f"compression_interval {args.interval}, max_new_tokens {args.max_new_tokens}; "
+        + (
+            f"pool {seconds[32]:.1f} s, one by one {seconds[1]:.1f} s ({seconds[1] / seconds[32]:.2f}x)"
+            if seconds
+            else "the points --out holds finished both ways, not timed"
+        )
     )
     text = table(results, header)
     print(text)

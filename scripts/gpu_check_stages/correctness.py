@@ -369,12 +369,15 @@ def check_batched_decoding(device: str, dtype: str, smoke: bool) -> tuple[str, s
             got = [" ".join(map(str, tokens)) for tokens in decode_all(model, requests, batch_size)]
             results.append((architecture, batch_size, len(requests), *compare_tokens(expected, got)))
     differing = sum(row[3] for row in results)
+    # A pool of one row equals the pipeline in every dtype (tests/test_dtype_agreement.py); a batched pool in half
+    # precision rounds otherwise, which is measured, not failed.
+    alone = sum(row[3] for row in results if row[1] == 1)
     detail = "; ".join(
         f"{arch} pool of {size}: {rows} of {count} rows differ, {tokens}/{total} tokens"
         + (f" ({first})" if first else "")
         for arch, size, count, rows, tokens, total, first in results
     )
-    if dtype == "float32":
+    if dtype == "float32" or alone:
         return ("pass" if differing == 0 else "fail"), detail
     return ("pass" if differing == 0 else "info"), detail
 
