@@ -30,6 +30,7 @@ from bench_sweep import timed  # noqa: E402
 from evaluate import rundir  # noqa: E402
 from evaluate.score.answer_length import TOKENS  # noqa: E402
 from evaluate.score.bootstrap import difference_interval  # noqa: E402
+from evaluate.score.decoding import decoding_record  # noqa: E402
 
 
 def sweep_command(args: argparse.Namespace, out: Path, batch: int) -> list[str]:
@@ -67,6 +68,15 @@ def point_name(record: dict) -> str:
     return f"{record['method']} cr {record['compression_ratio']:g}"
 
 
+def answered(out: Path) -> bool:
+    """Whether a run directory holds every sample its run expects (its metrics come only when its sweep ends)."""
+    record = rundir.read_json(out / rundir.RUN) or {}
+    return (
+        "samples_expected" in record
+        and len(rundir.read_predictions(out / rundir.PREDICTIONS)) == record["samples_expected"]
+    )
+
+
 def compare(pool_dir: Path, one_dir: Path) -> dict:
     """One point's two runs: rows that part, where, each score, and the paired interval of the difference."""
     record = rundir.read_yaml(pool_dir / rundir.CONFIG)
@@ -81,10 +91,10 @@ def compare(pool_dir: Path, one_dir: Path) -> dict:
         "rows": len(one),
         "parted": len(parted),
         "first": statistics.median(parted) if parted else None,
-        "pool": rundir.read_json(pool_dir / rundir.METRICS)["score"],
-        "one": rundir.read_json(one_dir / rundir.METRICS)["score"],
+        "pool": benchmark.score(list(pool.values()))["score"],
+        "one": benchmark.score(list(one.values()))["score"],
         "interval": None if interval is None else (interval.low, interval.high),
-        "compressed": rundir.read_json(one_dir / rundir.RUN).get("decoding"),
+        "compressed": decoding_record(one.values()),
     }
 
 
@@ -138,8 +148,9 @@ def main(argv: list[str] | None = None) -> None:
             if args.compare_only
             else {batch: timed(sweep_command(args, out, batch))[0] for batch, out in outs.items()}
         )
-        finished = [path.name for path in outs[1].iterdir() if (path / rundir.METRICS).exists()]
-        names = sorted(name for name in finished if (outs[32] / name / rundir.METRICS).exists())
+        names = sorted(
+            path.name for path in outs[1].iterdir() if all(answered(out / path.name) for out in outs.values())
+        )
         results = [compare(outs[32] / name, outs[1] / name) for name in names]
     header = (
         f"{args.model} ({args.dtype}), ruler_synth at {args.max_seq_length} tokens ({args.limit} per task), "
