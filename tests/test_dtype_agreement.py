@@ -8,7 +8,8 @@ one parted from the pipeline (6 of 15 rows in bfloat16, 1 in float16, on the tin
 half precision now (evaluate/engine/attention.py), and a decoding step's segment of one row over that row's own keys
 on each layer, as the pipeline does (evaluate/engine/slot_cache.py): sdpa sums a longer row of keys, even masked, in
 other blocks, and the tiny Qwen3's ChunkKV row, whose layers differ in length, parted at its 38th token. Without
-either change the tiny models part on 1 to 6 rows of 15 and SmolLM2 on 3 of 7.
+both changes, 6 rows of 15 part on the tiny Llama in bfloat16, 1 in float16, 3 on the tiny Qwen3 in bfloat16, and 2
+of SmolLM2's 7.
 """
 
 import pytest
