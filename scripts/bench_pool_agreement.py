@@ -2,6 +2,8 @@
 
     python scripts/bench_pool_agreement.py                                     # SmolLM2, ruler_synth at 1k, 66 rows
     python scripts/bench_pool_agreement.py --model tiny_random --tasks niah_single_1 --limit 2   # a check
+    python scripts/bench_pool_agreement.py --random-model --device cuda --dtype bfloat16 --max-seq-length 4096
+        # Llama-3.1-8B's shape, random weights (scripts/gpu_check.sh's agreement stage)
 
 The same sweep (by default ``decoding_knorm`` and ``decoding_tova`` at two targets; ``--methods`` and ``--crs`` add
 prefill presses, ``--dtype bfloat16`` the leaderboard's dtype) runs twice as ``python -m evaluate -m``:
@@ -25,7 +27,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from bench_sweep import timed  # noqa: E402
+from bench_sweep import RANDOM_MODEL, timed  # noqa: E402
+from kvpress_evaluation import kvpress_predictions  # noqa: E402
 
 from evaluate import rundir  # noqa: E402
 from evaluate.score.answer_length import TOKENS  # noqa: E402
@@ -39,7 +42,9 @@ def sweep_command(args: argparse.Namespace, out: Path, batch: int) -> list[str]:
         "-m",
         "evaluate",
         "-m",
-        f"model={args.model}",
+        *(RANDOM_MODEL if args.random_model else [f"model={args.model}"]),
+        f"device={args.device}",
+        *args.override,
         "benchmark=ruler_synth",
         f"benchmark.max_seq_length={args.max_seq_length}",
         *([f"benchmark.tasks=[{args.tasks}]"] if args.tasks else []),
@@ -77,8 +82,10 @@ def answered(out: Path) -> bool:
     )
 
 
-def compare(pool_dir: Path, one_dir: Path) -> dict:
-    """One point's two runs: rows that part, where, each score, and the paired interval of the difference."""
+def compare(pool_dir: Path, one_dir: Path, reference: Path | None) -> dict:
+    """One point's two runs: rows that part, where, each score, and the paired interval of the difference; with a
+    ``reference`` folder, also kvpress's own evaluate.py on the point: the rows whose answer parts from each run's,
+    and its score."""
     record = rundir.read_yaml(pool_dir / rundir.CONFIG)
     benchmark = instantiate(record["config"]["benchmark"])
     pool = {row["id"]: row for row in rundir.read_predictions(pool_dir / rundir.PREDICTIONS)}
@@ -95,16 +102,32 @@ def compare(pool_dir: Path, one_dir: Path) -> dict:
         "one": benchmark.score(list(one.values()))["score"],
         "interval": None if interval is None else (interval.low, interval.high),
         "compressed": decoding_record(one.values()),
+        **({} if reference is None else against_kvpress(one_dir, reference / one_dir.name, pool, one)),
+    }
+
+
+def against_kvpress(run: Path, output_dir: Path, pool: dict[str, dict], one: dict[str, dict]) -> dict:
+    """kvpress's evaluate.py on ``run``'s point and rows: how many of its answers differ from each path's, and its
+    own score (the mean over tasks of its ``calculate_metrics``)."""
+    answers, score = kvpress_predictions(run, output_dir)
+    return {
+        "kvpress": {
+            "one": sum(answers[key] != row["prediction"] for key, row in one.items()),
+            "pool": sum(answers[key] != row["prediction"] for key, row in pool.items()),
+            "score": score,
+        }
     }
 
 
 def table(results: list[dict], header: str) -> str:
+    kvpress = all("kvpress" in result for result in results)
     lines = [
         header,
         "",
         "| point | rows | rows that part | first differing token (median) | pool | one by one | pool − one by one "
-        "(95 % paired) | rows compressed |",
-        "|---|---:|---:|---:|---:|---:|---|---:|",
+        "(95 % paired) | rows compressed |"
+        + (" kvpress evaluate.py | its answers ≠ one by one's | ≠ the pool's |" if kvpress else ""),
+        "|---|---:|---:|---:|---:|---:|---|---:|" + ("---:|---:|---:|" if kvpress else ""),
     ]
     for result in results:
         low_high = (
@@ -118,13 +141,27 @@ def table(results: list[dict], header: str) -> str:
             f"({100 * result['parted'] / result['rows']:.1f} %) | {first}"
             f" | {result['pool']:.2f} | {result['one']:.2f} | {result['pool'] - result['one']:+.2f} {low_high} | "
             f"{compressed} |"
+            + (
+                f" {result['kvpress']['score']:.2f} | {result['kvpress']['one']} | {result['kvpress']['pool']} |"
+                if kvpress
+                else ""
+            )
         )
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
+def arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2_135m")
+    parser.add_argument(
+        "--random-model",
+        action="store_true",
+        help="instead of --model: a random-weight model of Llama-3.1-8B's shape (evaluate/models/random_models.py)",
+    )
+    parser.add_argument(
+        "--override", action="append", default=[], help="extra Hydra override for every run, repeatable"
+    )
+    parser.add_argument("--device", default="cpu")
     parser.add_argument("--max-seq-length", type=int, default=1024)
     parser.add_argument("--tasks", help="ruler_synth tasks (default: the 11 that need no QA files)")
     parser.add_argument("--limit", type=int, default=6, help="samples per task")
@@ -138,9 +175,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--compare-only", action="store_true", help="run nothing: compare the points --out holds finished both ways"
     )
+    parser.add_argument(
+        "--kvpress-evaluate",
+        action="store_true",
+        help="also run kvpress's own evaluation/evaluate.py on each point (scripts/kvpress_evaluation.py)",
+    )
+    parser.add_argument("--table", type=Path, help="where the table goes (default: results/bench/pool_agreement_...)")
     parser.add_argument("--interval", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=48)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = arguments(argv)
     with tempfile.TemporaryDirectory() as scratch:
         outs = {batch: (args.out or Path(scratch)) / f"batch{batch}" for batch in (32, 1)}
         seconds = (
@@ -151,9 +198,13 @@ def main(argv: list[str] | None = None) -> None:
         names = sorted(
             path.name for path in outs[1].iterdir() if all(answered(out / path.name) for out in outs.values())
         )
-        results = [compare(outs[32] / name, outs[1] / name) for name in names]
+        reference = (args.out or Path(scratch)) / "kvpress_evaluate" if args.kvpress_evaluate else None
+        results = [compare(outs[32] / name, outs[1] / name, reference) for name in names]
+    model = "random-llama-8b (random weights)" if args.random_model else args.model
+    overrides = "".join(f", {override}" for override in args.override)
     header = (
-        f"{args.model} ({args.dtype}), ruler_synth at {args.max_seq_length} tokens ({args.limit} per task), "
+        f"{model} ({args.dtype}{overrides}) on {args.device}, ruler_synth at {args.max_seq_length} tokens "
+        f"({args.limit} per task), "
         f"compression_interval {args.interval}, max_new_tokens {args.max_new_tokens}; "
         + (
             f"pool {seconds[32]:.1f} s, one by one {seconds[1]:.1f} s ({seconds[1] / seconds[32]:.2f}x)"
@@ -163,10 +214,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     text = table(results, header)
     print(text)
-    path = REPO / "results" / "bench" / f"pool_agreement_{args.dtype}_cpu.md"
-    if args.model == "smollm2_135m":  # the quick check of the script writes nothing
+    length = "" if args.max_seq_length == 1024 else f"_{args.max_seq_length}"
+    device = args.device.split(":")[0]
+    path = args.table or REPO / "results" / "bench" / f"pool_agreement_{args.dtype}{length}_{device}.md"
+    if args.table or (args.model == "smollm2_135m" and not args.random_model):  # a quick check writes no table
         path.write_text(text + "\n")
-        print(f"written to {path.relative_to(REPO)}")
+        print(f"written to {path}")
 
 
 if __name__ == "__main__":

@@ -8,12 +8,14 @@
 # Options: --device cuda|cpu (default cuda), --out DIR (default: $OUT, else results/gpu_check), --budget SECONDS
 # (default 480: every stage is time-boxed and a stage that would not fit is skipped), --smoke / --full (scaled-down
 # shapes; default --smoke on cpu, --full on cuda), --install / --no-install (install .whl/; default on cuda only),
-# --stages a,b (only these of install,env,correctness,throughput,presses,launcher,sweep,pool: a rerun on a warm
+# --stages a,b (only these of install,env,correctness,throughput,presses,launcher,sweep,pool,agreement: a rerun on a warm
 # machine), --peak-tflops N / --peak-tbs N (the GPU's dense bf16 TFLOP/s and memory TB/s; default an H200's 989 / 4.8).
 # Environment: PYTHON (default .venv/bin/python if present, else python3), WHEELS_DIR (default .whl),
 # WHEELS_PYTHON_VERSION (default 3.12, the GPU machine's python).
-# Writes at most 9 files into the output folder: summary.md, log.md, correctness.csv, throughput.csv,
-# presses_{device}.md/.csv, sweep_prefill_{device}.md/.csv and pool_{device}.md. docs/gpu.md says what each stage measures.
+# Writes at most 12 files into the output folder: summary.md, log.md, correctness.csv, throughput.csv,
+# presses_{device}.md/.csv, sweep_{prefill,reasoning}_{device}.md/.csv, pool_{device}.md and
+# pool_agreement_{device}.md.
+# docs/gpu.md says what each stage measures.
 set -u
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO" || exit 1
@@ -216,6 +218,17 @@ else
 fi
 stage pool 150 "$PY" scripts/bench_decoding.py --random-model --device "$DEVICE" --out "$OUT_DIR/pool_$DEVICE_KIND.md" \
   "${POOL_ARGS[@]}"
+# The pool against one by one in bfloat16 (issue 48): the rows whose answers part, each path's score and the paired
+# interval of the difference. Random weights: their scores say nothing; the rows that part say how often ties break.
+if [ "$SMOKE" = 1 ]; then
+  AGREEMENT_ARGS=(--tasks niah_single_1,fwe --limit 2 --max-seq-length 1024 --targets 256 --max-new-tokens 16
+    "${SMALL_MODEL[@]}")
+else
+  AGREEMENT_ARGS=(--tasks "${SWEEP_TASKS:-niah_single_1,fwe}" --limit "${AGREEMENT_LIMIT:-4}" --max-seq-length 4096
+    --targets 1024 --max-new-tokens 32)
+fi
+stage agreement 150 "$PY" scripts/bench_pool_agreement.py --random-model --device "$DEVICE" --dtype bfloat16 \
+  --methods snapkv,decoding_knorm --crs 0.5 --table "$OUT_DIR/pool_agreement_$DEVICE_KIND.md" "${AGREEMENT_ARGS[@]}"
 stage sweep 300 "$PY" scripts/bench_sweep.py --random-model --device "$DEVICE" --out-dir "$OUT_DIR" "${SWEEP_ARGS[@]}"
 stage reasoning 300 "$PY" scripts/bench_sweep.py --random-model --device "$DEVICE" --out-dir "$OUT_DIR" \
   --workload reasoning "${REASONING_ARGS[@]}"

@@ -57,6 +57,22 @@ def test_a_sweep_over_ratios_runs_a_decoding_press_once_and_refuses_ratios_nothi
         checked([decoding(tmp_path, "target_size=64", "cr=0.9"), decoding(tmp_path, "target_size=32", "cr=0.9")])
 
 
+def test_a_sweep_over_targets_runs_a_prefill_press_once_and_refuses_targets_nothing_reads(tmp_path, caplog):
+    """The crossing the other way: knorm reads no target_size, so a sweep over targets is one knorm run, fingerprinted
+    as knorm alone (the registry entry's copy of the knob included), where it used to be one run per target."""
+    knorm = [compose_config(tmp_path, *NIAH, "limit=1", "method=knorm", f"target_size={size}") for size in (64, 32)]
+    points = [decoding(tmp_path, f"target_size={size}") for size in (64, 32)]
+    alone = compose_config(tmp_path, *NIAH, "limit=1", "method=knorm")
+    assert fingerprint(knorm[0]) == fingerprint(knorm[1]) == fingerprint(alone)
+    with caplog.at_level(logging.WARNING):
+        resolved = checked(knorm + points)
+    assert resolved[0].spec.out == resolved[1].spec.out == run_dir(alone)
+    assert resolved[2].spec.out != resolved[3].spec.out
+    assert "knorm reads no target_size: target_size=32,64 is ignored and the sweep runs it once" in caplog.text
+    with pytest.raises(ConfigError, match="^method=knorm does not read target_size=64; drop it"):
+        checked(knorm)
+
+
 def test_an_uncompressed_run_refuses_a_press_knob(tmp_path):
     cfg = compose_config(tmp_path, *NIAH, "press=none", "target_size=128", "compression_interval=2")
     with pytest.raises(ConfigError, match="reads no press knob: drop compression_interval=2 target_size=128"):

@@ -12,6 +12,8 @@ both changes, 6 rows of 15 part on the tiny Llama in bfloat16, 1 in float16, 3 o
 of SmolLM2's 7.
 """
 
+import re
+
 import pytest
 import torch
 from hydra.utils import instantiate
@@ -25,9 +27,9 @@ from evaluate.engine.requests import DecodeRequest, hidden_keys
 from evaluate.models.layer_masks import fit_masks_to_layers
 from evaluate.models.random_models import TinyRandomModel
 from evaluate.points.config import run_dir
-from evaluate.run.entry import run
+from evaluate.run.entry import HALF_PRECISION_MEASURED, run
 from evaluate.run.summary import run_summary
-from tests.support import compose_config
+from tests.support import REPO, compose_config
 from tests.test_decoding import pipeline_tokens, requests_over_points
 
 
@@ -90,3 +92,16 @@ def test_a_run_in_half_precision_on_the_pool_says_its_answers_may_part_from_kvpr
     note = "in bfloat16 the pool's batched steps round otherwise than kvpress's batch of one"
     assert (note in answered_by.get("note", "")) == noted
     assert (f"answered from the pool: {note}" in run_summary(cfg, metrics)) == noted
+
+
+def test_the_half_precision_note_gives_the_measured_table_s_figures():
+    """The figure a half-precision run's note quotes is the bfloat16 agreement table's: its rows that part, its rows,
+    and every paired interval holding 0."""
+    table = (REPO / "results" / "bench" / "pool_agreement_bfloat16_cpu.md").read_text().splitlines()
+    rows = [line.split(" | ") for line in table if line.startswith("| ") and line[2].isalpha() and "point" not in line]
+    parted = sum(int(cells[2].split()[0]) for cells in rows)
+    total = sum(int(cells[1]) for cells in rows)
+    intervals = [re.search(r"\[([-+.\d]+), ([-+.\d]+)\]", cells[6]).groups() for cells in rows]
+    assert f"{parted} of {total:,} rows parted" in HALF_PRECISION_MEASURED
+    assert "every score difference's paired 95 % interval held 0" in HALF_PRECISION_MEASURED
+    assert all(float(low) <= 0 <= float(high) for low, high in intervals)

@@ -10,7 +10,7 @@ import logging
 import math
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
 
@@ -137,12 +137,29 @@ def refuse_unread_knobs(cfg: DictConfig) -> None:
             )
     if not uses_registry_entry(cfg):
         return
-    unread = registry.unread_knobs(cfg.press.method, {knob: cfg.get(knob) for knob in registry.RUNNER_KNOBS})
+    unread = unread_settings(cfg)
     if unread:
         settings = " ".join(f"{knob}={cfg.get(knob)}" for knob in unread)
         raise ConfigError(
             f"method={cfg.press.method} does not read {settings}; drop it (it would only duplicate the run without it)"
         )
+
+
+def unread_settings(cfg: DictConfig) -> list[str]:
+    """The runner knobs a point's registry entry does not read, among those its config sets (a sweep's
+    ``target_size`` on its knorm point): the point is one run whatever they say."""
+    if not compresses(cfg) or not uses_registry_entry(cfg):
+        return []
+    return registry.unread_knobs(cfg.press.method, {knob: cfg.get(knob) for knob in registry.RUNNER_KNOBS})
+
+
+def refuse_knobs_no_point_reads(cfgs: Sequence[DictConfig]) -> None:
+    """Refuse a sweep that sets a runner knob none of its points reads (``method=knorm target_size=256,512``), as a
+    single run is refused: its points would run once each, whatever the knob says."""
+    for knob in sorted(registry.RUNNER_KNOBS):
+        setting = [cfg for cfg in cfgs if cfg.get(knob) is not None and uses_registry_entry(cfg) and compresses(cfg)]
+        if setting and all(knob in unread_settings(cfg) for cfg in setting):
+            refuse_unread_knobs(setting[0])
 
 
 def uses_scorer(cfg: DictConfig) -> bool:
@@ -500,9 +517,12 @@ def result_config(cfg: DictConfig) -> dict:
         # null: each row's own, as every run recorded before the key existed; generate=false decodes nothing.
         resolved.pop("max_new_tokens", None)
     if uses_registry_entry(cfg):
-        # A knob the entry does not read (a sweep's key_channel_compression_ratio on its knorm point) changes nothing.
+        # A knob the entry does not read (a sweep's key_channel_compression_ratio or target_size on its knorm point)
+        # changes nothing: the point is the run without it, the registry entry's copy of the knob included.
         for knob in registry.unread_knobs(cfg.press.method, resolved):
             resolved.pop(knob)
+            if knob in resolved["press"]["press"]:
+                resolved["press"]["press"][knob] = None
     # What actually runs, so that a run on flash attention never resumes one on sdpa.
     resolved["attn_implementation"] = attention_implementation(cfg)
     if not compresses(cfg):

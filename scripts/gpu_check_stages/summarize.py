@@ -99,7 +99,7 @@ def header_lines(args: argparse.Namespace, stages: list[list[str]]) -> list[str]
 
 
 def bench_lines(out: Path, kind: str) -> list[str]:
-    """The tables of scripts/bench_presses.py, bench_decoding.py and bench_sweep.py."""
+    """The tables of scripts/bench_presses.py, bench_decoding.py, bench_pool_agreement.py and bench_sweep.py."""
     return [
         "## Press overhead (scripts/bench_presses.py)",
         "",
@@ -112,6 +112,10 @@ def bench_lines(out: Path, kind: str) -> list[str]:
         "## Decoding pool against one-by-one decoding (scripts/bench_decoding.py)",
         "",
         *markdown_section(out / f"pool_{kind}.md"),
+        "",
+        "## The pool against one by one in bfloat16: rows whose answers part (scripts/bench_pool_agreement.py)",
+        "",
+        *markdown_section(out / f"pool_agreement_{kind}.md"),
         "",
         "## Sweep: harness against one process per point (scripts/bench_sweep.py)",
         "",
