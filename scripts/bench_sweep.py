@@ -136,10 +136,10 @@ def point_overrides(args: argparse.Namespace) -> list[dict[str, str]]:
     ]
 
 
-def timed(command: list[str]) -> tuple[float, float]:
-    """Wall seconds of a child process and its own peak resident memory in MiB."""
+def timed(command: list[str], cwd: Path = REPO) -> tuple[float, float]:
+    """Wall seconds of a child process (run in ``cwd``) and its own peak resident memory in MiB."""
     start = time.perf_counter()
-    child = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL)
+    child = subprocess.Popen(command, cwd=cwd, stdout=subprocess.DEVNULL)
     # wait4 gives this child's own rusage (ru_maxrss in KiB on Linux), not the maximum over all children.
     _, status, usage = os.wait4(child.pid, 0)
     wall = time.perf_counter() - start
