@@ -16,7 +16,14 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from evaluate import rundir
 from evaluate.errors import ConfigError
-from evaluate.points.config import fingerprint, result_config, run_dir, run_name, warn_uncompressed_decoding
+from evaluate.points.config import (
+    fingerprint,
+    recorded_config,
+    result_config,
+    run_dir,
+    run_name,
+    warn_uncompressed_decoding,
+)
 from evaluate.points.overrides import check_overrides
 from evaluate.run.entry import checked, run
 from evaluate.run.summary import run_summary
@@ -69,6 +76,10 @@ def test_a_sweep_over_targets_runs_a_prefill_press_once_and_refuses_targets_noth
     assert resolved[0].spec.out == resolved[1].spec.out == run_dir(alone)
     assert resolved[2].spec.out != resolved[3].spec.out
     assert "knorm reads no target_size: target_size=32,64 is ignored and the sweep runs it once" in caplog.text
+    # config.yaml records it as the run without the knob: no report tells two knorm runs apart by it.
+    recorded = recorded_config(knorm[0])
+    assert recorded["target_size"] is None and recorded["press"]["press"]["target_size"] is None
+    assert recorded_config(points[0])["target_size"] == 64
     with pytest.raises(ConfigError, match="^method=knorm does not read target_size=64; drop it"):
         checked(knorm)
 

@@ -153,6 +153,17 @@ def unread_settings(cfg: DictConfig) -> list[str]:
     return registry.unread_knobs(cfg.press.method, {knob: cfg.get(knob) for knob in registry.RUNNER_KNOBS})
 
 
+def recorded_config(cfg: DictConfig) -> dict:
+    """The configuration as config.yaml records it: resolved, with a knob the point's registry entry does not read
+    as null (the run is the run without it: knorm in a sweep over target_size), so that no report tells two of its
+    runs apart by a knob neither read."""
+    recorded = OmegaConf.to_container(cfg, resolve=True)
+    for knob in unread_settings(cfg):
+        recorded[knob] = None
+        recorded["press"]["press"][knob] = None
+    return recorded
+
+
 def refuse_knobs_no_point_reads(cfgs: Sequence[DictConfig]) -> None:
     """Refuse a sweep that sets a runner knob none of its points reads (``method=knorm target_size=256,512``), as a
     single run is refused: its points would run once each, whatever the knob says."""

@@ -19,14 +19,14 @@ from datetime import datetime, timezone
 from importlib.metadata import version
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from evaluate import rundir
 from evaluate.cost_schema import RunCost
 from evaluate.engine.cost import Cost
 from evaluate.engine.requests import AnsweredGroup
 from evaluate.errors import ConfigError
-from evaluate.points.config import decoding_target, press_sources
+from evaluate.points.config import decoding_target, press_sources, recorded_config
 from evaluate.points.plan import Plan
 from evaluate.points.shard import Shard
 from evaluate.run.planning import sample_identity
@@ -201,7 +201,7 @@ def config_record(plan: Plan, cfg: DictConfig) -> dict:
             **{name: version(name) for name in ("torch", "transformers", "kvpress", "pressbench")},
         },
         # The attention that ran, where the config left it to kvpress's rule (null).
-        "config": {**OmegaConf.to_container(cfg, resolve=True), "attn_implementation": plan.spec.attention},
+        "config": {**recorded_config(cfg), "attn_implementation": plan.spec.attention},
     }
 
 
