@@ -30,13 +30,17 @@ sys.path.insert(0, str(REPO / "scripts"))
 from bench_sweep import RANDOM_MODEL, timed  # noqa: E402
 from kvpress_evaluation import kvpress_predictions  # noqa: E402
 
-from evaluate import rundir  # noqa: E402
+from evaluate import registry, rundir  # noqa: E402
 from evaluate.score.answer_length import TOKENS  # noqa: E402
 from evaluate.score.bootstrap import difference_interval  # noqa: E402
 from evaluate.score.decoding import decoding_record  # noqa: E402
 
 
 def sweep_command(args: argparse.Namespace, out: Path, batch: int) -> list[str]:
+    """The sweep of ``--methods``, answered by a pool of ``batch`` rows; the decoding-time knobs only where an entry
+    reads them (a sweep whose points all ignore a knob is refused)."""
+    read = set().union(*(registry.knobs_read(registry.PRESS_REGISTRY[name]()) for name in args.methods.split(",")))
+    knobs = {"target_size": args.targets, "compression_interval": args.interval}
     return [
         sys.executable,
         "-m",
@@ -54,8 +58,7 @@ def sweep_command(args: argparse.Namespace, out: Path, batch: int) -> list[str]:
         f"max_new_tokens={args.max_new_tokens}",
         f"method={args.methods}",
         f"cr={args.crs}",
-        f"target_size={args.targets}",
-        f"compression_interval={args.interval}",
+        *(f"{knob}={value}" for knob, value in knobs.items() if knob in read),
         f"decode_batch_size={batch}",
         f"output_dir={out}",
     ]
