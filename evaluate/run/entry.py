@@ -158,6 +158,7 @@ def checked(cfgs: Sequence[DictConfig], single: bool = False) -> list[Point]:
         refuse_unread_cr(targets[0])  # no point of the sweep reads its cr
     points = [Point(cfg, resolve(cfg)) for cfg in cfgs]
     _warn_ignored_cr(cfgs)
+    _warn_unread_knobs(cfgs)
     directories = [point.spec.out for point in points]
     # press=none, and a decoding-time press, is one run at any cr, and a registry entry at any value of a knob it
     # does not read: a sweep over them runs it once (run_points).
@@ -195,7 +196,6 @@ def _warn_ignored_cr(cfgs: Sequence[DictConfig]) -> None:
             if len(cfgs) > 1
             else "the run is recorded at cr=0",
         )
-    _warn_unread_knobs(cfgs)
     targets = {method_name(cfg): cfg for cfg in cfgs if decoding_target(cfg) is not None}
     ratios = sorted({float(cfg.cr) for cfg in cfgs if decoding_target(cfg) is not None})
     if len(ratios) > 1:
