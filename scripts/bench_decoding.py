@@ -14,7 +14,6 @@ ladder of a decoding step's segments were chosen (docs/performance.md).
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -23,9 +22,12 @@ from transformers import DynamicCache
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
 
+from bench_common import device_timed, table_head, table_row, write_report  # noqa: E402
+
+from evaluate.engine.context_budget import make_pipeline  # noqa: E402
 from evaluate.engine.decoding_pool import decode_all  # noqa: E402
-from evaluate.engine.pipeline_engine import make_pipeline  # noqa: E402
 from evaluate.engine.requests import DecodeRequest, hidden_keys  # noqa: E402
 from evaluate.models.layer_masks import fit_masks_to_layers  # noqa: E402
 from evaluate.models.random_models import RandomModel  # noqa: E402
@@ -79,11 +81,6 @@ def one_by_one(model, pipe, rows: list[DecodeRequest]) -> list[list[int]]:
     return answers
 
 
-def synchronize(model) -> None:
-    if model.device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--random-model", action="store_true", help="Llama-3.1-8B's shape with random weights")
@@ -112,36 +109,27 @@ def main(argv: list[str] | None = None) -> None:
     sizes = [int(size) for size in args.batch_sizes.split(",")]
     rows = requests(model, pipe, args.tokens, args.new_tokens, max(sizes + [args.baseline_rows]), args.mixed)
 
-    synchronize(model)
-    start = time.perf_counter()
-    reference = one_by_one(model, pipe, rows[: args.baseline_rows])
-    synchronize(model)
-    baseline = args.baseline_rows * args.new_tokens / (time.perf_counter() - start)
+    reference, seconds = device_timed(model.device, one_by_one, model, pipe, rows[: args.baseline_rows])
+    baseline = args.baseline_rows * args.new_tokens / seconds
     lines = [
         f"{type(model).__name__} ({model.config.num_hidden_layers} layers) on {args.device}, {args.dtype}, "
         f"{args.tokens}-token context{' (mixed: whole and 20 % caches)' if args.mixed else ''}, "
         f"{args.new_tokens} new tokens per row",
         "",
-        "| way | rows | tokens/s | × one by one | tokens equal to the pipeline's |",
-        "|---|---|---|---|---|",
-        f"| pipeline, one by one | {args.baseline_rows} | {baseline:.1f} | 1.00 | - |",
+        *table_head(["way", "rows", "tokens/s", "× one by one", "tokens equal to the pipeline's"], "lllll"),
+        table_row("pipeline, one by one", args.baseline_rows, f"{baseline:.1f}", "1.00", "-"),
     ]
     print("\n".join(lines), flush=True)
     for size in sizes:
-        batch = rows[:size]
-        synchronize(model)
-        start = time.perf_counter()
-        tokens = decode_all(model, batch, size)
-        synchronize(model)
-        rate = size * args.new_tokens / (time.perf_counter() - start)
+        tokens, seconds = device_timed(model.device, decode_all, model, rows[:size], size)
+        rate = size * args.new_tokens / seconds
         checked = min(size, args.baseline_rows)
         equal = sum(tokens[index] == reference[index] for index in range(checked))
-        line = f"| pool, batch {size} | {size} | {rate:.1f} | {rate / baseline:.2f} | {equal} of {checked} |"
+        line = table_row(f"pool, batch {size}", size, f"{rate:.1f}", f"{rate / baseline:.2f}", f"{equal} of {checked}")
         lines.append(line)
         print(line, flush=True)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text("\n".join(lines) + "\n")
+        write_report(args.out, "\n".join(lines))
 
 
 if __name__ == "__main__":

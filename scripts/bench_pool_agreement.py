@@ -27,7 +27,15 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from bench_sweep import RANDOM_MODEL, timed  # noqa: E402
+from bench_common import (  # noqa: E402
+    add_model_arguments,
+    model_label,
+    model_overrides,
+    table_head,
+    table_row,
+    timed,
+    write_report,
+)
 from kvpress_evaluation import kvpress_predictions  # noqa: E402
 
 from evaluate import registry, rundir  # noqa: E402
@@ -46,7 +54,7 @@ def sweep_command(args: argparse.Namespace, out: Path, batch: int) -> list[str]:
         "-m",
         "evaluate",
         "-m",
-        *(RANDOM_MODEL if args.random_model else [f"model={args.model}"]),
+        *model_overrides(args),
         f"device={args.device}",
         *args.override,
         "benchmark=ruler_synth",
@@ -124,14 +132,18 @@ def against_kvpress(run: Path, output_dir: Path, pool: dict[str, dict], one: dic
 
 def table(results: list[dict], header: str) -> str:
     kvpress = all("kvpress" in result for result in results)
-    lines = [
-        header,
-        "",
-        "| point | rows | rows that part | first differing token (median) | pool | one by one | pool − one by one "
-        "(95 % paired) | rows compressed |"
-        + (" kvpress evaluate.py | its answers ≠ one by one's | ≠ the pool's |" if kvpress else ""),
-        "|---|---:|---:|---:|---:|---:|---|---:|" + ("---:|---:|---:|" if kvpress else ""),
+    columns = [
+        "point",
+        "rows",
+        "rows that part",
+        "first differing token (median)",
+        "pool",
+        "one by one",
+        "pool − one by one (95 % paired)",
+        "rows compressed",
     ]
+    kvpress_columns = ["kvpress evaluate.py", "its answers ≠ one by one's", "≠ the pool's"] if kvpress else []
+    lines = [header, "", *table_head([*columns, *kvpress_columns], "lrrrrrlr" + "r" * len(kvpress_columns))]
     for result in results:
         low_high = (
             "-" if result["interval"] is None else f"[{result['interval'][0]:+.2f}, {result['interval'][1]:+.2f}]"
@@ -139,15 +151,18 @@ def table(results: list[dict], header: str) -> str:
         counted = result["compressed"]
         compressed = "-" if not counted else f"{counted['rows_compressed']} of {counted['rows']}"
         first = "-" if result["first"] is None else result["first"]
+        theirs = result["kvpress"] if kvpress else {}
         lines.append(
-            f"| {result['point']} | {result['rows']} | {result['parted']} "
-            f"({100 * result['parted'] / result['rows']:.1f} %) | {first}"
-            f" | {result['pool']:.2f} | {result['one']:.2f} | {result['pool'] - result['one']:+.2f} {low_high} | "
-            f"{compressed} |"
-            + (
-                f" {result['kvpress']['score']:.2f} | {result['kvpress']['one']} | {result['kvpress']['pool']} |"
-                if kvpress
-                else ""
+            table_row(
+                result["point"],
+                result["rows"],
+                f"{result['parted']} ({100 * result['parted'] / result['rows']:.1f} %)",
+                first,
+                f"{result['pool']:.2f}",
+                f"{result['one']:.2f}",
+                f"{result['pool'] - result['one']:+.2f} {low_high}",
+                compressed,
+                *([f"{theirs['score']:.2f}", theirs["one"], theirs["pool"]] if kvpress else []),
             )
         )
     return "\n".join(lines)
@@ -155,12 +170,7 @@ def table(results: list[dict], header: str) -> str:
 
 def arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2_135m")
-    parser.add_argument(
-        "--random-model",
-        action="store_true",
-        help="instead of --model: a random-weight model of Llama-3.1-8B's shape (evaluate/models/random_models.py)",
-    )
+    add_model_arguments(parser)
     parser.add_argument(
         "--override", action="append", default=[], help="extra Hydra override for every run, repeatable"
     )
@@ -203,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
         )
         reference = (args.out or Path(scratch)) / "kvpress_evaluate" if args.kvpress_evaluate else None
         results = [compare(outs[32] / name, outs[1] / name, reference) for name in names]
-    model = "random-llama-8b (random weights)" if args.random_model else args.model
+    model = model_label(args)
     overrides = "".join(f", {override}" for override in args.override)
     header = (
         f"{model} ({args.dtype}{overrides}) on {args.device}, ruler_synth at {args.max_seq_length} tokens "
@@ -221,7 +231,7 @@ def main(argv: list[str] | None = None) -> None:
     device = args.device.split(":")[0]
     path = args.table or REPO / "results" / "bench" / f"pool_agreement_{args.dtype}{length}_{device}.md"
     if args.table or (args.model == "smollm2_135m" and not args.random_model):  # a quick check writes no table
-        path.write_text(text + "\n")
+        write_report(path, text)
         print(f"written to {path}")
 
 

@@ -12,12 +12,10 @@ Writes results/bench/presses_{device}.md and .csv.
 """
 
 import argparse
-import csv
 import json
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,6 +27,11 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 ROOT = Path(__file__).resolve().parent.parent
+# tests/test_presses.py loads this file by its path, where scripts/ is not on sys.path.
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from bench_common import synchronize, table_head, table_row, time_interleaved, write_csv, write_report  # noqa: E402
+
 CONF_DIR = ROOT / "conf"
 # Llama-3-8B's attention on GPU; on CPU the same 4096 tokens (so the same number of chunks for the chunk
 # presses) with a quarter of the heads, to keep the run to minutes on a laptop-class CPU.
@@ -105,11 +108,6 @@ def compose_press(press: str, scorer: str, cr: float):
     return instantiate(cfg.press.press), instantiate(cfg.scorer.press), cfg.press.method
 
 
-def synchronize(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize(device)
-
-
 def peak_extra_mib(fn: Callable[[], object], device: str) -> float:
     """Peak memory allocated by one call above what was allocated before it (outputs included), in MiB.
 
@@ -141,22 +139,6 @@ def peak_extra_mib(fn: Callable[[], object], device: str) -> float:
     return peak / 2**20
 
 
-def time_interleaved(
-    calls: dict[str, Callable[[], object]], device: str, warmup: int, repeats: int
-) -> dict[str, list[float]]:
-    """Seconds of each timed call; every round runs each call once, in the same order."""
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    for round_index in range(warmup + repeats):
-        for name, fn in calls.items():
-            synchronize(device)
-            start = time.perf_counter()
-            fn()
-            synchronize(device)
-            if round_index >= warmup:
-                times[name].append(time.perf_counter() - start)
-    return times
-
-
 def ratio(numerator: float, denominator: float | None) -> float | None:
     return None if denominator is None else numerator / denominator
 
@@ -165,10 +147,12 @@ def fmt(value: float | None, digits: int = 2) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+# A Layer: the attention module, then the hidden states, keys, values and kwargs its forward hook sees.
+Layer = tuple[LlamaAttention, torch.Tensor, torch.Tensor, torch.Tensor, dict]
+
+
+def case_names(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """The conf/press and conf/scorer names to time: those given, else every press that compresses and every scorer."""
     # press=none compresses nothing, so it has nothing to time; press=registry is kvpress's entries by method=, which
     # hold no inner scorer to pair with the scorers below.
     presses = args.presses or sorted(
@@ -177,15 +161,25 @@ def main(argv: list[str] | None = None) -> int:
         if OmegaConf.to_container(OmegaConf.load(path))["press"] is not None and path.stem != "registry"
     )
     scorers = args.scorers or sorted(path.stem for path in (CONF_DIR / "scorer").glob("*.yaml"))
-    module, hidden_states, keys, values, kwargs = build_layer(args)
+    return presses, scorers
+
+
+def setting_text(args: argparse.Namespace) -> str:
+    """The shapes, device and timing rule, as the printout and the table's introduction name them."""
     device_name = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu"
-    setting = (
+    return (
         f"{args.tokens} tokens, {args.heads} query heads, {args.kv_heads} KV heads, head_dim {args.head_dim}, "
         f"{args.dtype}, cr {args.cr}, device {args.device} ({device_name}), torch {torch.__version__}, "
         f"{torch.get_num_threads()} CPU threads; median of {args.repeats} after {args.warmup} warm-up rounds"
     )
-    print(setting, flush=True)
 
+
+def build_cases(
+    args: argparse.Namespace, presses: list[str], scorers: list[str], layer: Layer
+) -> tuple[dict[tuple[str, str], Callable[[], object]], dict[tuple[str, str], str]]:
+    """Every (press, scorer) pair's compress call on ``layer``, and each scorer's score alone (as press "score"), by
+    (press, scorer); and each case's method name."""
+    module, hidden_states, keys, values, kwargs = layer
     cases: dict[tuple[str, str], Callable[[], object]] = {}
     methods: dict[tuple[str, str], str] = {}
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
@@ -199,20 +193,20 @@ def main(argv: list[str] | None = None) -> int:
             # The bare scorer's score alone, for the scoring-cost comparison.
             cases["score", scorer] = lambda s=scorer_press: s.score(module, hidden_states, keys, values, None, kwargs)
             methods["score", scorer] = f"{scorer} (score only)"
+    return cases, methods
 
-    with torch.no_grad():
-        times = time_interleaved(
-            {f"{p}/{s}": fn for (p, s), fn in cases.items()}, args.device, args.warmup, args.repeats
-        )
-        memory = {key: peak_extra_mib(fn, args.device) for key, fn in cases.items()}
 
-    medians = {name: statistics.median(values) for name, values in times.items()}
-    # On a shared machine the median carries other processes' load; the minimum is closer to the call's own cost.
-    minima = {name: min(values) for name, values in times.items()}
+def result_rows(
+    methods: dict[tuple[str, str], str],
+    medians: dict[str, float],
+    minima: dict[str, float],
+    memory: dict[tuple[str, str], float],
+) -> list[dict]:
+    """A row per case, in the cases' order: its times, its ratios to SnapKV and ChunkKV, and its peak extra memory."""
     rows = []
     snapkv = medians.get("topk/snapkv")
     snapkv_score = medians.get("score/snapkv")
-    for (press_name, scorer), _ in cases.items():
+    for press_name, scorer in methods:
         seconds = medians[f"{press_name}/{scorer}"]
         is_score = press_name == "score"
         rows.append(
@@ -227,29 +221,31 @@ def main(argv: list[str] | None = None) -> int:
                 "peak_extra_mib": memory[press_name, scorer],
             }
         )
+    return rows
 
+
+def target_rows(
+    scorers: list[str], medians: dict[str, float], minima: dict[str, float]
+) -> list[tuple[str, float, float, float]]:
+    """Each of TARGETS's ratios that the timed cases allow: its name, of medians, of minima, and its bound."""
     comparisons = [("DropKV score / SnapKV score", "score/dropkv", "score/snapkv", 1.5)]
     for scorer in scorers:
         for press_name in ("eg_chunkkv", "eg_chunkkv_upstream"):
             comparisons.append(
                 (f"{press_name} / chunkkv compress, {scorer}", f"{press_name}/{scorer}", f"chunkkv/{scorer}", 1.2)
             )
-    targets = [
+    return [
         (name, medians[a] / medians[b], minima[a] / minima[b], bound)
         for name, a, b, bound in comparisons
         if a in medians and b in medians
     ]
 
-    device_kind = torch.device(args.device).type
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    csv_path = args.out_dir / f"presses_{device_kind}.csv"
-    with csv_path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({key: fmt(v, 4) if isinstance(v, float) or v is None else v for key, v in row.items()})
 
-    lines = [
+def report_lines(
+    argv: list[str] | None, device_kind: str, setting: str, targets: list[tuple], rows: list[dict]
+) -> list[str]:
+    """The Markdown: the command, the setting, the targets' table and every case's row."""
+    return [
         f"# Press overhead on {device_kind}",
         "",
         f"`{' '.join(['python scripts/bench_presses.py', *(sys.argv[1:] if argv is None else argv)])}`",
@@ -262,28 +258,63 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"## Targets ({TARGETS})",
         "",
-        "| ratio | of medians | of minima | target | met (medians) |",
-        "|---|---:|---:|---:|---|",
+        *table_head(["ratio", "of medians", "of minima", "target", "met (medians)"], "lrrrl"),
         *(
-            f"| {name} | {value:.2f} | {lowest:.2f} | {bound} | {'yes' if value <= bound else 'no'} |"
+            table_row(name, f"{value:.2f}", f"{lowest:.2f}", bound, "yes" if value <= bound else "no")
             for name, value, lowest, bound in targets
         ),
         "",
         "## All presses",
         "",
-        "| press | scorer | method | median ms | min ms | vs snapkv | vs chunkkv | peak extra MiB |",
-        "|---|---|---|---:|---:|---:|---:|---:|",
+        *table_head(
+            ["press", "scorer", "method", "median ms", "min ms", "vs snapkv", "vs chunkkv", "peak extra MiB"],
+            "lllrrrrr",
+        ),
         *(
-            f"| {r['press']} | {r['scorer']} | {r['method']} | {r['ms']:.2f} | {r['min_ms']:.2f} | "
-            f"{fmt(r['vs_snapkv'])} | "
-            f"{fmt(r['vs_chunkkv'])} | {r['peak_extra_mib']:.1f} |"
+            table_row(
+                r["press"],
+                r["scorer"],
+                r["method"],
+                f"{r['ms']:.2f}",
+                f"{r['min_ms']:.2f}",
+                fmt(r["vs_snapkv"]),
+                fmt(r["vs_chunkkv"]),
+                f"{r['peak_extra_mib']:.1f}",
+            )
             for r in rows
         ),
-        "",
     ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    presses, scorers = case_names(args)
+    layer = build_layer(args)
+    setting = setting_text(args)
+    print(setting, flush=True)
+    cases, methods = build_cases(args, presses, scorers, layer)
+    with torch.no_grad():
+        times = time_interleaved(
+            {f"{p}/{s}": fn for (p, s), fn in cases.items()}, args.device, args.warmup, args.repeats
+        )
+        memory = {key: peak_extra_mib(fn, args.device) for key, fn in cases.items()}
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    # On a shared machine the median carries other processes' load; the minimum is closer to the call's own cost.
+    minima = {name: min(values) for name, values in times.items()}
+    rows = result_rows(methods, medians, minima, memory)
+
+    device_kind = torch.device(args.device).type
+    csv_path = args.out_dir / f"presses_{device_kind}.csv"
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    cells = [{key: fmt(v, 4) if isinstance(v, float) or v is None else v for key, v in row.items()} for row in rows]
+    write_csv(csv_path, cells)
+    lines = report_lines(argv, device_kind, setting, target_rows(scorers, medians, minima), rows)
     md_path = args.out_dir / f"presses_{device_kind}.md"
-    md_path.write_text("\n".join(lines))
-    print("\n".join(lines[7:]))
+    write_report(md_path, "\n".join(lines))
+    # The printout leaves out the title, the command and the setting (printed first), and ends with a blank line.
+    print("\n".join(lines[7:]) + "\n")
     print(f"wrote {md_path} and {csv_path}")
     return 0
 

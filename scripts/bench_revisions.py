@@ -21,15 +21,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 
-from bench_sweep import WORKLOADS, benchmark_overrides, point_overrides, timed  # noqa: E402
+from bench_common import table_head, table_row, timed, warm_up, write_report  # noqa: E402
+from bench_sweep import WORKLOADS, benchmark_overrides, grids_override, point_overrides  # noqa: E402
 
 
 def sweep(workload: str, args: argparse.Namespace, scratch: Path) -> list[str]:
     """The harness's sweep command of a workload, as bench_sweep.py runs it."""
     settings = argparse.Namespace(workload=workload, **WORKLOADS[workload])
-    grids = ",".join(
-        "{" + ",".join(f"{key}:{value}" for key, value in point.items()) + "}" for point in point_overrides(settings)
-    )
     return [
         sys.executable,
         "-m",
@@ -41,7 +39,7 @@ def sweep(workload: str, args: argparse.Namespace, scratch: Path) -> list[str]:
         "likelihood=false",
         *benchmark_overrides(settings, scratch),
         "hydra/sweeper=grids",
-        f"hydra.sweeper.grids=[{grids}]",
+        grids_override(point_overrides(settings)),
     ]
 
 
@@ -52,9 +50,7 @@ def predictions(folder: Path) -> dict[str, bytes]:
 def compare(workload: str, args: argparse.Namespace, checkouts: dict[str, Path], scratch: Path) -> str:
     """One workload's row: the times of each side, A B B A ..., and whether every run predicted the same."""
     command = sweep(workload, args, scratch)
-    # Dequantize/cache the model and warm the file cache once, outside the timings.
-    single = [*command[:3], *command[4:-2]]  # the same settings as one run, not a sweep
-    subprocess.run([*single, "limit=1", "press=none", f"output_dir={scratch}/warm"], cwd=REPO, check=True)
+    warm_up([*command[:3], *command[4:-2]], scratch)  # the same settings as one run, not a sweep
     pairs = [("before", "after") if index % 2 == 0 else ("after", "before") for index in range(args.repeats)]
     order = [side for pair in pairs for side in pair]
     walls: dict[str, list[float]] = {"before": [], "after": []}
@@ -67,10 +63,8 @@ def compare(workload: str, args: argparse.Namespace, checkouts: dict[str, Path],
     identical = bool(outputs[0]) and all(output == outputs[0] for output in outputs)
     before, after = statistics.mean(walls["before"]), statistics.mean(walls["after"])
     times = " / ".join(f"{wall:.1f}" for wall in walls["before"]), " / ".join(f"{wall:.1f}" for wall in walls["after"])
-    return (
-        f"| {workload} | {times[0]} | {times[1]} | {before:.1f} | {after:.1f} | {after / before:.3f} | "
-        f"{len(outputs[0])} points, {identical} |"
-    )
+    ratio = f"{after / before:.3f}"
+    return table_row(workload, *times, f"{before:.1f}", f"{after:.1f}", ratio, f"{len(outputs[0])} points, {identical}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -93,13 +87,15 @@ def main(argv: list[str] | None = None) -> None:
         f"The harness's sweep at {args.base} (before) and at this working tree (after), {args.model} on "
         f"{args.device}, interleaved A B B A; wall seconds.",
         "",
-        "| workload | before | after | mean before | mean after | after / before | predictions identical |",
-        "|---|---|---|---:|---:|---:|---|",
+        *table_head(
+            ["workload", "before", "after", "mean before", "mean after", "after / before", "predictions identical"],
+            "lllrrrl",
+        ),
         *rows,
     ]
     print("\n".join(lines))
     path = REPO / "results" / "bench" / f"revisions_{args.device.split(':')[0]}.md"
-    path.write_text("\n".join(lines) + "\n")
+    write_report(path, "\n".join(lines))
     print(f"written to {path.relative_to(REPO)}")
 
 

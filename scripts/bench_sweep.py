@@ -26,7 +26,6 @@ into results/bench/shards_{workload}_{device}.md.
 """
 
 import argparse
-import csv
 import json
 import os
 import re
@@ -36,14 +35,20 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_common import (
+    add_model_arguments,
+    model_label,
+    model_overrides,
+    table_head,
+    table_row,
+    timed,
+    wait_for,
+    warm_up,
+    write_csv,
+    write_report,
+)
+
 REPO = Path(__file__).resolve().parent.parent
-# A random-weight model of Llama-3.1-8B's shape, built on the device by each process (evaluate/models/random_models.py);
-# shrink it with e.g. --override +model.source.num_hidden_layers=2.
-RANDOM_MODEL = [
-    "model=tiny_random",
-    "model.name=random-llama-8b",
-    "model.source._target_=evaluate.models.random_models.RandomModel",
-]
 
 
 # prefill: the EG-ChunkKV preset's presses on 4,096-token contexts with short answers. decode: 1,024-token contexts and
@@ -136,16 +141,10 @@ def point_overrides(args: argparse.Namespace) -> list[dict[str, str]]:
     ]
 
 
-def timed(command: list[str], cwd: Path = REPO) -> tuple[float, float]:
-    """Wall seconds of a child process (run in ``cwd``) and its own peak resident memory in MiB."""
-    start = time.perf_counter()
-    child = subprocess.Popen(command, cwd=cwd, stdout=subprocess.DEVNULL)
-    # wait4 gives this child's own rusage (ru_maxrss in KiB on Linux), not the maximum over all children.
-    _, status, usage = os.wait4(child.pid, 0)
-    wall = time.perf_counter() - start
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise subprocess.CalledProcessError(os.waitstatus_to_exitcode(status), command)
-    return wall, usage.ru_maxrss / 1024
+def grids_override(points: list[dict[str, str]]) -> str:
+    """One sweep over every point: a union of one-point grids (hydra/sweeper=grids)."""
+    grids = ",".join("{" + ",".join(f"{key}:{value}" for key, value in point.items()) + "}" for point in points)
+    return f"hydra.sweeper.grids=[{grids}]"
 
 
 def prefilled(log: str) -> int:
@@ -166,12 +165,7 @@ def sharded(sweep: list[str], shards: int, out: Path) -> tuple[float, float, int
             threads = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // shards))} if shards > 1 else {}
             env = {**os.environ, **threads}
             children.append(subprocess.Popen(command, cwd=REPO, stdout=handle, stderr=subprocess.STDOUT, env=env))
-    peak = 0.0
-    for child in children:
-        _, status, usage = os.wait4(child.pid, 0)
-        if os.waitstatus_to_exitcode(status) != 0:
-            raise subprocess.CalledProcessError(os.waitstatus_to_exitcode(status), child.args)
-        peak = max(peak, usage.ru_maxrss / 1024)
+    peak = max([0.0, *(wait_for(child) for child in children)])
     return time.perf_counter() - start, peak, sum(prefilled(log.read_text()) for log in logs)
 
 
@@ -187,9 +181,8 @@ def compare_shards(sweep: list[str], shards: int, scratch: Path, title: str, out
     lines = [
         title,
         "",
-        "| processes | wall s | peak RSS MiB (largest process) | contexts prefilled |",
-        "|---:|---:|---:|---:|",
-        *(f"| {count} | {wall:.1f} | {peak:.0f} | {contexts} |" for count, (wall, peak, contexts) in ways.items()),
+        *table_head(["processes", "wall s", "peak RSS MiB (largest process)", "contexts prefilled"], "rrrr"),
+        *(table_row(count, f"{wall:.1f}", f"{peak:.0f}", contexts) for count, (wall, peak, contexts) in ways.items()),
         "",
         f"Speed-up of {shards} shards: {ways[1][0] / ways[shards][0]:.2f}x. Contexts prefilled: {ways[1][2]} in one "
         f"process, {ways[shards][2]} over {shards}. predictions.jsonl and metrics.json byte-identical for all "
@@ -197,8 +190,7 @@ def compare_shards(sweep: list[str], shards: int, scratch: Path, title: str, out
     ]
     report = "\n".join(lines)
     print(report)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(report + "\n")
+    write_report(out, report)
     print(f"written to {out}")
 
 
@@ -215,14 +207,10 @@ def run_record(directory: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; the workload gives the defaults of the point and data options left out."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="smollm2_135m")
-    parser.add_argument(
-        "--random-model",
-        action="store_true",
-        help="instead of --model: a random-weight model of Llama-3.1-8B's shape (evaluate/models/random_models.py)",
-    )
+    add_model_arguments(parser)
     parser.add_argument(
         "--override",
         action="append",
@@ -244,13 +232,19 @@ def main(argv: list[str] | None = None) -> None:
     for key, value in WORKLOADS[args.workload].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    model_overrides = RANDOM_MODEL if args.random_model else [f"model={args.model}"]
-    model_label = "random-llama-8b (random weights)" if args.random_model else args.model
-    if args.override:
-        model_label += f" [{' '.join(args.override)}]"
+    return args
 
-    common = [
-        *model_overrides,
+
+def sweep_label(args: argparse.Namespace) -> str:
+    """The model as the tables name it, with the extra overrides it ran under."""
+    label = model_label(args)
+    return label + f" [{' '.join(args.override)}]" if args.override else label
+
+
+def common_overrides(args: argparse.Namespace) -> list[str]:
+    """The overrides of every run, each way, but the benchmark's (which may need a file written first)."""
+    return [
+        *model_overrides(args),
         f"limit={args.limit}",
         f"device={args.device}",
         # kvpress's evaluation computes no likelihood fields: each way does kvpress's work, and only that.
@@ -258,127 +252,160 @@ def main(argv: list[str] | None = None) -> None:
         *([f"dtype={args.dtype}"] if args.dtype else []),
         *args.override,
     ]
+
+
+def time_ways(
+    single: list[str], sweep: list[str], points: list[dict[str, str]], dirs: dict[str, Path]
+) -> dict[str, tuple[float, float]]:
+    """Wall seconds and peak resident MiB of each way (the separate way's seconds summed over its processes, its peak
+    their largest), each writing its runs into ``dirs[way]``."""
+    ways = {"harness": timed([*sweep, f"output_dir={dirs['harness']}"])}
+    print(f"harness: {ways['harness'][0]:.1f} s")
+    ways["harness_one_by_one"] = timed([*sweep, "decode_batch_size=1", f"output_dir={dirs['harness_one_by_one']}"])
+    print(f"harness, one-by-one decoding: {ways['harness_one_by_one'][0]:.1f} s")
+    separate_wall, separate_peak = 0.0, 0.0
+    for point in points:
+        # kvpress's evaluate.py: the pipeline, one question at a time (a single run would otherwise use the pool).
+        settings = [f"{key}={value}" for key, value in point.items()]
+        wall, peak = timed([*single, *settings, "decode_batch_size=1", f"output_dir={dirs['separate']}"])
+        separate_wall += wall
+        separate_peak = max(separate_peak, peak)
+        print(f"  separate {' '.join(settings)}: {wall:.1f} s")
+    ways["separate"] = (separate_wall, separate_peak)
+    return ways
+
+
+def run_names(dirs: dict[str, Path]) -> list[str]:
+    """The runs the separate way finished, by folder name (the same names each way)."""
+    return sorted(path.name for path in dirs["separate"].iterdir() if (path / "predictions.jsonl").exists())
+
+
+def all_identical(dirs: dict[str, Path], runs: list[str], points: int) -> bool:
+    """Whether every point ran each way, with byte-identical predictions."""
+    return len(runs) == points and all(
+        (dirs[way] / name / "predictions.jsonl").read_bytes()
+        == (dirs["separate"] / name / "predictions.jsonl").read_bytes()
+        for name in runs
+        for way in ("harness", "harness_one_by_one")
+    )
+
+
+def run_details(dirs: dict[str, Path], runs: list[str]) -> list[dict]:
+    """Per run and way: its predictions that differ from the separate way's, and run.json's cumulative seconds and
+    peak memory (device memory on CUDA, resident memory on CPU)."""
+    details = []
+    for name in runs:
+        reference = read_rows(dirs["separate"] / name / "predictions.jsonl")
+        for way in ("harness", "harness_one_by_one", "separate"):
+            record = run_record(dirs[way] / name)
+            predictions = reference if way == "separate" else read_rows(dirs[way] / name / "predictions.jsonl")
+            details.append(
+                {
+                    "way": way,
+                    "run": name,
+                    "samples": len(predictions),
+                    "differing_from_separate": sum(predictions.get(key) != value for key, value in reference.items()),
+                    "wall_s": record.get("wall_seconds"),
+                    "prefill_s": record.get("prefill_seconds"),
+                    "compress_s": record.get("compress_seconds"),
+                    "decode_s": record.get("decode_seconds"),
+                    "generated_tokens": record.get("generated_tokens"),
+                    "forward_passes_per_question": record.get("forward_passes_per_question"),
+                    "peak_memory_mb": record.get("peak_memory_mb"),
+                    "device": record.get("device"),
+                }
+            )
+    return details
+
+
+def passes(details: list[dict], way: str) -> float:
+    """Forward passes per answered question, over every point of the way."""
+    values = [row["forward_passes_per_question"] for row in details if row["way"] == way]
+    return sum(values) / len(values) if values and None not in values else float("nan")
+
+
+def compress_lines(details: list[dict], per_point: int) -> list[str]:
+    """The harness's compression seconds per point: each point's own (the shared scores are paid by the first point
+    of each context to ask for them), summed over its contexts."""
+    harness = [row for row in details if row["way"] == "harness" and row["compress_s"] is not None]
+    return [
+        *table_head(["point (harness)", "compress s", "compress ms per sample"], "lrr"),
+        *(
+            table_row(row["run"], f"{row['compress_s']:.2f}", f"{1000 * row['compress_s'] / per_point:.0f}")
+            for row in harness
+        ),
+        f"Compress seconds, every point of the harness: {sum(row['compress_s'] for row in harness):.2f}.",
+    ]
+
+
+def report_lines(
+    args: argparse.Namespace,
+    n_samples: int,
+    points: int,
+    ways: dict[str, tuple[float, float]],
+    identical: bool,
+    details: list[dict],
+) -> list[str]:
+    """The sweep's tables: each way's wall time, rate, forward passes and peak memory, then the harness's
+    compression seconds per point."""
+    names = {
+        "harness": "harness: one prefill per context, one decoding pool",
+        "harness_one_by_one": "harness with decode_batch_size=1 (kvpress's pipeline)",
+        "separate": "one process per point (kvpress evaluation)",
+    }
+    separate = ways["separate"][0]
+    fewer_passes = passes(details, "harness") / passes(details, "separate")
+    return [
+        f"Sweep: {sweep_label(args)}, {workload_text(args)}, {args.device}; {n_samples} samples in all.",
+        "",
+        *table_head(["way", "wall s", "samples/s", "forward passes per question", "peak RSS MiB"], "lrrrr"),
+        *(
+            table_row(name, f"{wall:.1f}", f"{n_samples / wall:.3f}", f"{passes(details, way):.2f}", f"{peak:.0f}")
+            for way, name in names.items()
+            for wall, peak in [ways[way]]
+        ),
+        "",
+        f"Speed-up: {separate / ways['harness'][0]:.2f}x ({separate / ways['harness_one_by_one'][0]:.2f}x with "
+        f"decode_batch_size=1). Forward passes per question: {fewer_passes:.3f} of kvpress's. "
+        f"Predictions identical for every point, all three ways: {identical}.",
+        "Peak RSS of the one-process-per-point way is the largest single process.",
+        "",
+        *compress_lines(details, n_samples // points),
+    ]
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    common = common_overrides(args)
     points = point_overrides(args)
     n_samples = len(points) * args.limit * len(args.tasks.split(","))
     python = [sys.executable, "-m", "evaluate"]
     with tempfile.TemporaryDirectory() as scratch:
         common += benchmark_overrides(args, Path(scratch))
-        shared_dir, separate_dir = Path(scratch) / "shared", Path(scratch) / "separate"
-        print(f"{len(points)} points x {n_samples // len(points)} samples on {model_label} ({args.device})")
-        # Dequantize/cache the model and warm the file cache once, outside both timings.
-        subprocess.run([*python, *common, "limit=1", "press=none", f"output_dir={scratch}/warm"], cwd=REPO, check=True)
-
-        # One sweep over every point: a union of one-point grids (hydra/sweeper=grids).
-        grids = ",".join("{" + ",".join(f"{key}:{value}" for key, value in point.items()) + "}" for point in points)
-        sweep = [*python, "-m", *common, "hydra/sweeper=grids", f"hydra.sweeper.grids=[{grids}]"]
+        # Each way's runs in a folder of its own, the same run names in each, so that their predictions pair up.
+        folders = {"harness": "shared", "harness_one_by_one": "one_by_one", "separate": "separate"}
+        dirs = {way: Path(scratch) / folder for way, folder in folders.items()}
+        print(f"{len(points)} points x {n_samples // len(points)} samples on {sweep_label(args)} ({args.device})")
+        warm_up([*python, *common], scratch)
+        sweep = [*python, "-m", *common, "hydra/sweeper=grids", grids_override(points)]
         if args.shards:
             title = (
-                f"Sweep: {model_label}, {len(points)} points, {workload_text(args)}, {args.device}; {n_samples} "
+                f"Sweep: {sweep_label(args)}, {len(points)} points, {workload_text(args)}, {args.device}; {n_samples} "
                 f"samples in all, on {os.cpu_count()} CPU cores."
             )
             out = args.out_dir / f"shards_{args.workload}_{args.device.split(':')[0]}.md"
             compare_shards(sweep, args.shards, Path(scratch), title, out)
             return
-        shared_wall, shared_peak = timed([*sweep, f"output_dir={shared_dir}"])
-        print(f"harness: {shared_wall:.1f} s")
-        one_by_one_dir = Path(scratch) / "one_by_one"
-        one_by_one_wall, one_by_one_peak = timed([*sweep, "decode_batch_size=1", f"output_dir={one_by_one_dir}"])
-        print(f"harness, one-by-one decoding: {one_by_one_wall:.1f} s")
-        separate_wall, separate_peak = 0.0, 0.0
-        for point in points:
-            # kvpress's evaluate.py: the pipeline, one question at a time (a single run would otherwise use the pool).
-            settings = [f"{key}={value}" for key, value in point.items()]
-            wall, peak = timed([*python, *common, *settings, "decode_batch_size=1", f"output_dir={separate_dir}"])
-            separate_wall += wall
-            separate_peak = max(separate_peak, peak)
-            print(f"  separate {' '.join(settings)}: {wall:.1f} s")
-
-        runs = sorted(path.name for path in separate_dir.iterdir() if (path / "predictions.jsonl").exists())
-        identical = len(runs) == len(points) and all(
-            (directory / name / "predictions.jsonl").read_bytes()
-            == (separate_dir / name / "predictions.jsonl").read_bytes()
-            for name in runs
-            for directory in (shared_dir, one_by_one_dir)
-        )
-        details = []
-        for name in runs:
-            reference = read_rows(separate_dir / name / "predictions.jsonl")
-            for way, directory in (("harness", shared_dir), ("harness_one_by_one", one_by_one_dir), ("separate", None)):
-                record = run_record((directory or separate_dir) / name)
-                predictions = reference if directory is None else read_rows(directory / name / "predictions.jsonl")
-                details.append(
-                    {
-                        "way": way,
-                        "run": name,
-                        "samples": len(predictions),
-                        "differing_from_separate": sum(
-                            predictions.get(key) != value for key, value in reference.items()
-                        ),
-                        "wall_s": record.get("wall_seconds"),
-                        "prefill_s": record.get("prefill_seconds"),
-                        "compress_s": record.get("compress_seconds"),
-                        "decode_s": record.get("decode_seconds"),
-                        "generated_tokens": record.get("generated_tokens"),
-                        "forward_passes_per_question": record.get("forward_passes_per_question"),
-                        "peak_memory_mb": record.get("peak_memory_mb"),
-                        "device": record.get("device"),
-                    }
-                )
-
-    def passes(way: str) -> float:
-        """Forward passes per answered question, over every point of the way."""
-        values = [row["forward_passes_per_question"] for row in details if row["way"] == way]
-        return sum(values) / len(values) if values and None not in values else float("nan")
-
-    rows = [
-        ("harness: one prefill per context, one decoding pool", shared_wall, shared_peak, passes("harness")),
-        (
-            "harness with decode_batch_size=1 (kvpress's pipeline)",
-            one_by_one_wall,
-            one_by_one_peak,
-            passes("harness_one_by_one"),
-        ),
-        ("one process per point (kvpress evaluation)", separate_wall, separate_peak, passes("separate")),
-    ]
-    # The harness's compression seconds per point: each point's own (the shared scores are paid by the first point of
-    # each context to ask for them), summed over its contexts.
-    harness = [row for row in details if row["way"] == "harness" and row["compress_s"] is not None]
-    per_point = n_samples // len(points)
-    compress_rows = [
-        f"| {row['run']} | {row['compress_s']:.2f} | {1000 * row['compress_s'] / per_point:.0f} |" for row in harness
-    ]
-    lines = [
-        f"Sweep: {model_label}, {workload_text(args)}, {args.device}; {n_samples} samples in all.",
-        "",
-        "| way | wall s | samples/s | forward passes per question | peak RSS MiB |",
-        "|---|---:|---:|---:|---:|",
-        *(
-            f"| {name} | {wall:.1f} | {n_samples / wall:.3f} | {per_question:.2f} | {peak:.0f} |"
-            for name, wall, peak, per_question in rows
-        ),
-        "",
-        f"Speed-up: {separate_wall / shared_wall:.2f}x ({separate_wall / one_by_one_wall:.2f}x with "
-        f"decode_batch_size=1). Forward passes per question: {passes('harness') / passes('separate'):.3f} of "
-        "kvpress's. "
-        f"Predictions identical for every point, all three ways: {identical}.",
-        "Peak RSS of the one-process-per-point way is the largest single process.",
-        "",
-        "| point (harness) | compress s | compress ms per sample |",
-        "|---|---:|---:|",
-        *compress_rows,
-        f"Compress seconds, every point of the harness: {sum(row['compress_s'] for row in harness):.2f}.",
-    ]
-    report = "\n".join(lines)
+        ways = time_ways([*python, *common], sweep, points, dirs)
+        runs = run_names(dirs)
+        identical = all_identical(dirs, runs, len(points))
+        details = run_details(dirs, runs)
+    report = "\n".join(report_lines(args, n_samples, len(points), ways, identical, details))
     print(report)
-    device_kind = args.device.split(":")[0]
-    out = args.out_dir / f"sweep_{args.workload}_{device_kind}.md"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(report + "\n")
+    out = args.out_dir / f"sweep_{args.workload}_{args.device.split(':')[0]}.md"
+    write_report(out, report)
     # Per run: run.json's cumulative seconds and peak memory (device memory on CUDA, resident memory on CPU).
-    with out.with_suffix(".csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(details[0]) if details else ["way"])
-        writer.writeheader()
-        writer.writerows(details)
+    write_csv(out.with_suffix(".csv"), details, list(details[0]) if details else ["way"])
     print(f"written to {out} and {out.with_suffix('.csv')}")
 
 

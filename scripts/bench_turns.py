@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from bench_sweep import timed  # noqa: E402
+from bench_common import table_head, table_row, timed, write_report  # noqa: E402
 
 from evaluate import rundir  # noqa: E402
 from evaluate.benchmarks import Sample  # noqa: E402
@@ -84,7 +84,12 @@ def measured(command: list[str], out: Path) -> dict:
     return {"wall": wall, "peak": peak, "record": record, "score": metrics.get("score")}
 
 
-def main(argv: list[str] | None = None) -> None:
+# The two ways, as the table names them.
+MULTI = "turns=multi (one prefill per conversation)"
+FROM_SCRATCH = "from scratch (one prefill per turn)"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2_135m")
     parser.add_argument("--task", default="niah_multikey_1")
@@ -94,10 +99,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--press", nargs="*", default=["press=eg_chunkkv", "cr=0.75"], help="the press's overrides")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out-dir", type=Path, default=REPO / "results" / "bench")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
-    samples, tokenizer = conversations(args)
-    turns = len(samples)
+
+def time_both_ways(args: argparse.Namespace, samples: list[Sample]) -> tuple[dict[str, dict], list[dict]]:
+    """Both ways' measurements (``measured``) by the table's names, and the rows the from-scratch way answered."""
     common = [
         sys.executable, "-m", "evaluate", f"model={args.model}", f"device={args.device}", "likelihood=false",
         *args.press,
@@ -106,48 +112,74 @@ def main(argv: list[str] | None = None) -> None:
         path = Path(scratch) / "from_scratch.jsonl"
         rows = from_scratch_rows(samples)
         path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        multi = [
+            *common,
+            "benchmark=ruler_synth",
+            *benchmark_overrides(args),
+            f"limit={args.conversations}",
+            "turns=multi",
+        ]
         ways = {
-            "turns=multi (one prefill per conversation)": measured(
-                [
-                    *common,
-                    "benchmark=ruler_synth",
-                    *benchmark_overrides(args),
-                    f"limit={args.conversations}",
-                    "turns=multi",
-                ],
-                Path(scratch) / "multi",
-            ),
-            "from scratch (one prefill per turn)": measured(
-                [*common, "benchmark=ruler", f"benchmark.path={path}", f"limit={turns}"], Path(scratch) / "scratch"
+            MULTI: measured(multi, Path(scratch) / "multi"),
+            FROM_SCRATCH: measured(
+                [*common, "benchmark=ruler", f"benchmark.path={path}", f"limit={len(samples)}"],
+                Path(scratch) / "scratch",
             ),
         }
-    prompt_tokens = {
-        "turns=multi (one prefill per conversation)": sum(
-            len(tokenizer.encode(sample.context)) for sample in samples if sample.turn == 0
-        ),
-        "from scratch (one prefill per turn)": sum(len(tokenizer.encode(row["context"])) for row in rows),
+    return ways, rows
+
+
+def prompt_tokens(samples: list[Sample], rows: list[dict], tokenizer) -> dict[str, int]:
+    """The context tokens each way prefills: each conversation's context once, or each turn's conversation so far."""
+    return {
+        MULTI: sum(len(tokenizer.encode(sample.context)) for sample in samples if sample.turn == 0),
+        FROM_SCRATCH: sum(len(tokenizer.encode(row["context"])) for row in rows),
     }
-    multi, scratch_way = ways.values()
+
+
+def report_lines(args: argparse.Namespace, ways: dict[str, dict], tokens: dict[str, int], turns: int) -> list[str]:
+    """The table of both ways, per answered turn, and the speed-up of reuse."""
     lines = [
         f"Conversations: {args.model}, ruler_synth {args.task}, {args.conversations} conversations of {args.turns} "
         f"turns, max_seq_length {args.max_seq_length}, {' '.join(args.press)}, {args.device}; {turns} turns in all.",
         "",
-        "| way | wall s | prefills per turn | context tokens prefilled per turn | forward passes per turn | score | "
-        "peak RSS MiB |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        *table_head(
+            [
+                "way",
+                "wall s",
+                "prefills per turn",
+                "context tokens prefilled per turn",
+                "forward passes per turn",
+                "score",
+                "peak RSS MiB",
+            ],
+            "lrrrrrr",
+        ),
     ]
     for name, way in ways.items():
         record = way["record"]
         prefills = (record.get("totals") or {}).get("prefills", 0) / turns
         lines.append(
-            f"| {name} | {way['wall']:.1f} | {prefills:.2f} | {prompt_tokens[name] / turns:.0f} | "
-            f"{record['forward_passes_per_question']:.2f} | {way['score']:.2f} | {way['peak']:.0f} |"
+            table_row(
+                name,
+                f"{way['wall']:.1f}",
+                f"{prefills:.2f}",
+                f"{tokens[name] / turns:.0f}",
+                f"{record['forward_passes_per_question']:.2f}",
+                f"{way['score']:.2f}",
+                f"{way['peak']:.0f}",
+            )
         )
-    lines += ["", f"Speed-up of reuse: {scratch_way['wall'] / multi['wall']:.2f}x."]
-    report = "\n".join(lines)
+    return [*lines, "", f"Speed-up of reuse: {ways[FROM_SCRATCH]['wall'] / ways[MULTI]['wall']:.2f}x."]
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    samples, tokenizer = conversations(args)
+    ways, rows = time_both_ways(args, samples)
+    report = "\n".join(report_lines(args, ways, prompt_tokens(samples, rows, tokenizer), len(samples)))
     print(report)
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / f"turns_{args.device.split(':')[0]}.md").write_text(report + "\n")
+    write_report(args.out_dir / f"turns_{args.device.split(':')[0]}.md", report)
 
 
 if __name__ == "__main__":

@@ -14,12 +14,16 @@ import random
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+from bench_common import table_head, table_row, time_interleaved, write_report  # noqa: E402
 
 from evaluate.engine.attention import _attend  # noqa: E402
 from evaluate.engine.slot_cache import segments, width_bucket  # noqa: E402
@@ -45,15 +49,14 @@ def rules(lengths: list[int]) -> dict[str, tuple[tuple[int, int, int], ...]]:
     }
 
 
-def step_seconds(plan, keys, values, visible, query) -> float:
-    start = time.process_time()
+def attention_step(plan, keys, values, visible, query) -> None:
+    """One decoding step's attention over every layer, each segment of ``plan`` over its own width."""
     for layer in range(LAYERS):
         parts = [
             _attend(query[a:b], keys[layer][a:b, :, :w], values[layer][a:b, :, :w], visible[a:b, :, None, :w], 0.125)
             for a, b, w in plan
         ]
         torch.cat(parts)
-    return time.process_time() - start
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -62,10 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    lines = [
-        "| rows' keys | width rule | segments | rows × keys | attention CPU ms per step |",
-        "|---|---|---:|---:|---:|",
-    ]
+    lines = table_head(["rows' keys", "width rule", "segments", "rows × keys", "attention CPU ms per step"], "llrrr")
     print("\n".join(lines), flush=True)
     for name, lengths in workloads().items():
         capacity = max(lengths) + 1
@@ -74,18 +74,16 @@ def main(argv: list[str] | None = None) -> None:
         visible = torch.ones(ROWS, KV_HEADS, capacity, dtype=torch.bool)
         query = torch.randn(ROWS, KV_HEADS * GROUPS, 1, HEAD_DIM)
         plans = rules(lengths)
-        times = {rule: [] for rule in plans}
-        for _ in range(5):
-            for rule, plan in plans.items():
-                times[rule].append(step_seconds(plan, keys, values, visible, query))
+        # CPU time, not wall time: a machine shared with other jobs moves it less.
+        steps = {rule: partial(attention_step, plan, keys, values, visible, query) for rule, plan in plans.items()}
+        times = time_interleaved(steps, "cpu", warmup=0, repeats=5, clock=time.process_time)
         for rule, plan in plans.items():
             work = sum((b - a) * w for a, b, w in plan)
-            line = f"| {name} | {rule} | {len(plan)} | {work} | {statistics.median(times[rule]) * 1000:.0f} |"
+            line = table_row(name, rule, len(plan), work, f"{statistics.median(times[rule]) * 1000:.0f}")
             lines.append(line)
             print(line, flush=True)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text("\n".join(lines) + "\n")
+        write_report(args.out, "\n".join(lines))
 
 
 if __name__ == "__main__":

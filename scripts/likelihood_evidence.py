@@ -28,6 +28,9 @@ import pandas as pd
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+from bench_common import warm_up, write_report  # noqa: E402
 
 from evaluate.report.tables import markdown_table  # noqa: E402
 
@@ -74,8 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     grid = [f"press={args.presses}", f"scorer={args.scorers}", f"cr={args.crs}"]
     python = [sys.executable, "-m", "evaluate"]
     scratch = args.work_dir or REPO / "outputs" / f"likelihood_evidence_{args.device}_limit{args.limit}"
-    # Dequantize/cache the model and generate the data once, outside both timings.
-    subprocess.run([*python, *common, "limit=1", "press=none", f"output_dir={scratch}/warm"], cwd=REPO, check=True)
+    warm_up([*python, *common], scratch)  # it also generates the data once, outside the timings
     walls, sweep_tables = {}, {}
     ways = (("measured", ["generate=false"]), ("generated", []), ("generated_alone", ["likelihood=false"]))
     for way, extra in ways:
@@ -148,9 +150,8 @@ def write(
     ]
     text = "\n".join(lines)
     print(text)
-    args.out_dir.mkdir(parents=True, exist_ok=True)
     name = f"likelihood_evidence_{args.device}_limit{args.limit}"
-    (args.out_dir / f"{name}.md").write_text(text + "\n")
+    write_report(args.out_dir / f"{name}.md", text)
     points.to_csv(args.out_dir / f"{name}.csv", index=False)
 
 

@@ -11,6 +11,7 @@ import pytest
 from evaluate import rundir
 from evaluate.models.random_models import TinyRandomModel, build_tiny_tokenizer
 from evaluate.points.config import run_dir
+from evaluate.points.resolve import resolve
 from evaluate.report.build import build_report
 from evaluate.report.runs import collect_runs
 from evaluate.run.entry import run_sweep
@@ -169,7 +170,7 @@ def test_metrics_rescoring_and_the_report_give_the_fields_from_the_files(sweeps,
     recorded = rundir.read_json(point / rundir.METRICS)["answer_length"]
     assert recorded == {**own_metrics(point_rows), "against_uncompressed": {**expected, "run": baseline.name}}
     assert rundir.read_json(baseline / rundir.METRICS)["answer_length"] == own_metrics(baseline_rows)
-    summary = run_summary(sweeps["pool_configs"][1], sweeps["pool_metrics"][1])
+    summary = run_summary(resolve(sweeps["pool_configs"][1]), sweeps["pool_metrics"][1])
     assert (
         "answers, same samples: 8.50 tokens on average (uncompressed 9.00), 50.0 % hit max_new_tokens (uncompressed "
         "75.0 %), 50.0 % stopped earlier, 0.25 tokens in common before the first difference"

@@ -21,7 +21,7 @@ from evaluate.models.random_models import TinyRandomModel
 from evaluate.points.budget import apply_budget, ratio_keeping
 from evaluate.points.config import fingerprint, result_config, run_dir, validate
 from evaluate.points.overrides import check_overrides
-from evaluate.points.settings import typed
+from evaluate.points.resolve import typed
 from evaluate.report.build import build_report
 from evaluate.report.plots import plot_all
 from evaluate.report.runs import collect_runs

@@ -74,7 +74,7 @@ def decoding_pool():
     tokenizer = source.load_tokenizer()
     model = source.load_model("cpu", "float32", "sdpa")
     fit_masks_to_layers(model)
-    from evaluate.engine.pipeline_engine import make_pipeline
+    from evaluate.engine.context_budget import make_pipeline
 
     pipe = make_pipeline(model, tokenizer, "cpu")
     pool = DecodingPool(model, 4, 2**30)

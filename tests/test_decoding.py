@@ -12,8 +12,8 @@ import torch
 from kvpress import AdaKVPress, ChunkKVPress, KnormPress, SnapKVPress
 from transformers import DynamicCache
 
+from evaluate.engine.context_budget import make_pipeline
 from evaluate.engine.decoding_pool import DecodingPool, decode_all
-from evaluate.engine.pipeline_engine import make_pipeline
 from evaluate.engine.requests import DecodeRequest, hidden_keys
 from evaluate.engine.slot_cache import SlotCache
 from evaluate.models.layer_masks import fit_masks_to_layers

@@ -25,7 +25,8 @@ from evaluate.points.config import (
     warn_uncompressed_decoding,
 )
 from evaluate.points.overrides import check_overrides
-from evaluate.run.entry import checked, run
+from evaluate.points.resolve import checked, resolve
+from evaluate.run.entry import run
 from evaluate.run.summary import run_summary
 from evaluate.score.decoding import DECODING_COMPRESSED
 from tests.support import CONF_DIR, compose_config
@@ -58,7 +59,7 @@ def test_a_sweep_over_ratios_runs_a_decoding_press_once_and_refuses_ratios_nothi
     snapkv = [compose_config(tmp_path, *NIAH, "limit=1", "method=snapkv", f"cr={cr}") for cr in (0.5, 0.9)]
     with caplog.at_level(logging.WARNING):
         resolved = checked(points + snapkv)
-    assert resolved[0].spec.out == resolved[1].spec.out and resolved[2].spec.out != resolved[3].spec.out
+    assert resolved[0].out == resolved[1].out and resolved[2].out != resolved[3].out
     assert "decoding_knorm keeps target_size pairs while decoding and read no cr: cr=0.5,0.9 is ignored" in caplog.text
     with pytest.raises(ConfigError, match="never reads cr=0.9"):
         checked([decoding(tmp_path, "target_size=64", "cr=0.9"), decoding(tmp_path, "target_size=32", "cr=0.9")])
@@ -73,8 +74,8 @@ def test_a_sweep_over_targets_runs_a_prefill_press_once_and_refuses_targets_noth
     assert fingerprint(knorm[0]) == fingerprint(knorm[1]) == fingerprint(alone)
     with caplog.at_level(logging.WARNING):
         resolved = checked(knorm + points)
-    assert resolved[0].spec.out == resolved[1].spec.out == run_dir(alone)
-    assert resolved[2].spec.out != resolved[3].spec.out
+    assert resolved[0].out == resolved[1].out == run_dir(alone)
+    assert resolved[2].out != resolved[3].out
     assert "knorm reads no target_size: target_size=32,64 is ignored and the sweep runs it once" in caplog.text
     # config.yaml records it as the run without the knob: no report tells two knorm runs apart by it.
     recorded = recorded_config(knorm[0])
@@ -109,7 +110,9 @@ def test_a_press_that_never_compresses_says_so_and_both_paths_agree_on_each_row(
     config = rundir.read_yaml(run_dir(cfg) / rundir.CONFIG)
     assert config["compression_ratio"] is None
     assert config["decoding"] == {"target_size": 100000, "compression_interval": 4}
-    assert "decoding_knorm never compressed: no answer's cache outgrew target_size=100000" in run_summary(cfg, metrics)
+    assert "decoding_knorm never compressed: no answer's cache outgrew target_size=100000" in run_summary(
+        resolve(cfg), metrics
+    )
 
     # Whether each row was compressed, as the pool and kvpress's pipeline path count it.
     flags = {}
@@ -119,7 +122,7 @@ def test_a_press_that_never_compresses_says_so_and_both_paths_agree_on_each_row(
         rows = rundir.read_predictions(run_dir(cfg) / rundir.PREDICTIONS)
         flags[batch] = {row["id"]: row[DECODING_COMPRESSED] for row in rows}
     assert flags[32] == flags[1] and len(flags[1]) == 2 and all(flags[1].values())
-    assert "decoding_knorm compressed 2 of 2 answers" in run_summary(cfg, metrics)
+    assert "decoding_knorm compressed 2 of 2 answers" in run_summary(resolve(cfg), metrics)
 
 
 def replace_key(cfg, key: str, value):
@@ -129,11 +132,15 @@ def replace_key(cfg, key: str, value):
 
 def test_an_interval_no_answer_reaches_is_warned_about_before_the_model_loads(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
-        warn_uncompressed_decoding(decoding(tmp_path, "target_size=256", "compression_interval=16"), 900, 40, 12)
+        warn_uncompressed_decoding(
+            resolve(decoding(tmp_path, "target_size=256", "compression_interval=16")), 900, 40, 12
+        )
     assert "compression_interval=16 is more than every answer's max_new_tokens (at most 12)" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING):  # a question of at least target_size tokens compresses on its own pass
-        warn_uncompressed_decoding(decoding(tmp_path, "target_size=32", "compression_interval=16"), 900, 40, 12)
+        warn_uncompressed_decoding(
+            resolve(decoding(tmp_path, "target_size=32", "compression_interval=16")), 900, 40, 12
+        )
     assert caplog.text == ""
 
 
@@ -169,7 +176,7 @@ def test_every_command_a_runs_closing_lines_suggest_is_accepted(tmp_path, overri
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         cfg = compose(config_name="config", overrides=command_line)
         metrics = run(cfg)
-        suggested = suggested_commands(run_summary(cfg, metrics, command_line))
+        suggested = suggested_commands(run_summary(resolve(cfg), metrics, command_line))
         assert len(suggested) >= 3  # the uncompressed run or a report, and a sweep's points
         for arguments in suggested:
             check_overrides(arguments)

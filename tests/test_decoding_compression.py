@@ -30,9 +30,9 @@ from omegaconf import OmegaConf
 from transformers import DynamicCache
 
 from evaluate import rundir
+from evaluate.engine.context_budget import make_pipeline
 from evaluate.engine.decoding_compression import decoding_slot_length
 from evaluate.engine.decoding_pool import DecodingPool
-from evaluate.engine.pipeline_engine import make_pipeline
 from evaluate.engine.requests import DecodeRequest
 from evaluate.engine.slot_cache import SlotCache
 from evaluate.models.random_models import TinyRandomModel

@@ -20,8 +20,8 @@ from omegaconf import OmegaConf, open_dict
 import evaluate.points.config
 from evaluate.points.config import validate_choices
 from evaluate.points.overrides import check_command_line
-from evaluate.points.point import Point
-from evaluate.run.entry import checked
+from evaluate.points.point import PointSpec
+from evaluate.points.resolve import checked
 from hydra_plugins.pressbench_gpus_launcher.grids_sweeper import expand
 from tests.support import CONF_DIR
 
@@ -84,7 +84,7 @@ def is_hydra(override: str) -> bool:
     return override.lstrip("+~").startswith(("hydra.", "hydra/"))
 
 
-def check_evaluate(args: list[str]) -> list[Point]:
+def check_evaluate(args: list[str]) -> list[PointSpec]:
     """What ``python -m evaluate args`` checks before it loads a model, for its one run or every sweep point; returns
     the points checked (none for ``--cfg``)."""
     check_command_line(args)
@@ -153,6 +153,6 @@ def test_a_documented_command_runs_as_written(doc, command, monkeypatch):
 def test_results_md_sweeps_press_none_beside_several_ratios_as_one_baseline_run(caplog):
     (command,) = [c for c in commands(REPO / "docs" / "results.md") if "-m press=none," in c]
     points = check_evaluate(argv(command)[1])
-    (baseline,) = {point.spec.out for point in points if point.spec.method == "no_press"}
+    (baseline,) = {point.out for point in points if point.method == "no_press"}
     assert len(points) == 9 and baseline.name.startswith("ruler_synth__smollm2-135m__no_press__cr0.00__")
     assert "press=none compresses nothing: cr=0.5,0.7,0.9 is ignored and the sweep runs it once" in caplog.text

@@ -21,12 +21,13 @@ from kvpress import KnormPress, SnapKVPress, TOVAPress
 from transformers import DynamicCache
 
 from evaluate import rundir
+from evaluate.engine.context_budget import make_pipeline
 from evaluate.engine.decoding_pool import decode_all
-from evaluate.engine.pipeline_engine import make_pipeline
 from evaluate.engine.requests import DecodeRequest, hidden_keys
 from evaluate.models.layer_masks import fit_masks_to_layers
 from evaluate.models.random_models import TinyRandomModel
 from evaluate.points.config import run_dir
+from evaluate.points.resolve import resolve
 from evaluate.run.entry import HALF_PRECISION_MEASURED, run
 from evaluate.run.summary import run_summary
 from tests.support import REPO, compose_config
@@ -91,7 +92,7 @@ def test_a_run_in_half_precision_on_the_pool_says_its_answers_may_part_from_kvpr
     assert answered_by["path"] == ("pool" if decode_batch_size > 1 else "pipeline")
     note = "in bfloat16 the pool's batched steps round otherwise than kvpress's batch of one"
     assert (note in answered_by.get("note", "")) == noted
-    assert (f"answered from the pool: {note}" in run_summary(cfg, metrics)) == noted
+    assert (f"answered from the pool: {note}" in run_summary(resolve(cfg), metrics)) == noted
 
 
 def test_the_half_precision_note_gives_the_measured_table_s_figures():

@@ -15,6 +15,7 @@ from evaluate import rundir
 from evaluate.errors import ConfigError
 from evaluate.models.random_models import TinyRandomModel
 from evaluate.points.config import run_dir, validate_budget
+from evaluate.points.resolve import resolve
 from evaluate.run.entry import run
 from tests.support import assert_kept, compose_config, with_shared_context
 
@@ -201,7 +202,7 @@ def test_exact_budget_presses_keep_exactly_their_budget(tmp_path, tiny_llama, pr
 def refusal(tmp_path, shortest_context: int, *overrides: str) -> str | None:
     cfg = compose_config(tmp_path, *overrides)
     try:
-        validate_budget(cfg, shortest_context)
+        validate_budget(resolve(cfg), shortest_context)
     except ConfigError as error:
         return str(error)
     return None

@@ -107,9 +107,13 @@ def test_each_stage_imports_only_the_stages_before_it():
                 assert not {t for t in targets if in_stage(t, *LAYERS[rank + 1 :])}, module
     shared = {m: t for m, t in graph.items() if m.count(".") == 1 and m.startswith("evaluate.") and m not in COMMANDS}
     shared = {module: targets for module, targets in shared.items() if not in_stage(module, *LAYERS)}
-    assert {"evaluate.errors", "evaluate.rundir", "evaluate.keys", "evaluate.registry", "evaluate.cost_schema"} <= set(
-        shared
-    )
+    assert {
+        "evaluate.errors",
+        "evaluate.rundir",
+        "evaluate.settings",
+        "evaluate.registry",
+        "evaluate.cost_schema",
+    } <= set(shared)
     assert not {module: targets & {t for t in targets if in_stage(t, *LAYERS)} for module, targets in shared.items()
                 if any(in_stage(t, *LAYERS) for t in targets)}  # fmt: skip
     engine = {module: targets for module, targets in graph.items() if in_stage(module, "evaluate.engine")}
@@ -135,17 +139,73 @@ def test_docs_layout_names_every_module_and_script():
     assert not unnamed
 
 
-def test_nothing_below_the_run_reads_the_raw_config():
-    """The points stage turns the composed config into typed specs (evaluate/points/point.py); the stages after it
-    read those, so only points/, the run and the command hold a DictConfig or read a ``.cfg``."""
-    holders = [*LAYERS[:1], *LAYERS[2:-1]]  # benchmarks, models, engine, score, report
-    readers = []
+def test_nothing_past_the_points_reads_the_raw_config():
+    """The points stage turns the composed config into typed specs (evaluate/points/resolve.py); every stage after
+    it reads those, so only points/, the run's entry (which hands the configs to the resolver) and the command hold
+    a DictConfig or read a ``.cfg``; and omegaconf is imported by those four modules alone."""
+    readers, importers = [], set()
     for path in (REPO / "evaluate").rglob("*.py"):
-        if not in_stage(module_name(path), *holders):
-            continue
+        module = module_name(path)
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            imported = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            imported += [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            if any(name.split(".")[0] == "omegaconf" for name in imported):
+                importers.add(module)
+            if in_stage(module, "evaluate.points", *COMMANDS, "evaluate.run.entry"):
+                continue
             names = [alias.name for alias in node.names] if isinstance(node, ast.ImportFrom) else []
             if "DictConfig" in names or (isinstance(node, ast.Attribute) and node.attr == "cfg"):
                 readers.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert not readers
-    assert in_stage("evaluate.engine.pool_engine", *holders) and not in_stage("evaluate.points.point", *holders)
+    assert importers == {"evaluate.__main__", "evaluate.run.entry", "evaluate.points.resolve", "evaluate.points.config"}
+
+
+def script_imports() -> dict[str, set[str]]:
+    """Each file of scripts/ -> the top-level names it imports (scripts/ and scripts/gpu_check_stages/ are on its
+    sys.path, so a script imports another by its bare name)."""
+    imports = {}
+    for path in (REPO / "scripts").rglob("*.py"):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names.add(node.module or "")
+        imports[str(path.relative_to(REPO))] = names
+    return imports
+
+
+def test_presses_and_scorers_stand_alone_as_kvpress_presses():
+    """presses/ and scorers/ are presses as kvpress writes them: they import kvpress, torch and each other, never the
+    harness, so that a press is usable (and upstreamable) without PressBench."""
+    graph = import_graph()
+    alone = {module: targets for module, targets in graph.items() if in_stage(module, "presses", "scorers")}
+    assert alone and not {
+        module: targets for module, targets in alone.items() if any(in_stage(t, "evaluate") for t in targets)
+    }
+
+
+def test_nothing_imports_the_scripts_and_the_scripts_share_only_their_common_modules():
+    """The scripts are measurements at the end of the data flow: no module of the harness, its presses or its
+    launchers imports one; among themselves they import only what they share: bench_common.py (timing and tables),
+    kvpress_evaluation.py (kvpress's own evaluate.py), bench_sweep.py's workloads (bench_revisions.py times them)
+    and the GPU check's stages."""
+    scripts = {path.stem for path in (REPO / "scripts").rglob("*.py")} | {"gpu_check_stages"}
+    for package in (*PACKAGES, "hydra_plugins"):
+        for path in (REPO / package).rglob("*.py"):
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+            imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+            assert not {name for name in imported if name.split(".")[0] in {"scripts", *scripts}}, path
+    shared = {"bench_common", "kvpress_evaluation", "bench_sweep", "gpu_check_stages"}
+    for script, names in script_imports().items():
+        assert {name.split(".")[0] for name in names} & scripts <= shared, script
+
+
+def test_both_engines_implement_the_engine_protocol():
+    from evaluate.engine.engine import Engine
+    from evaluate.engine.pipeline_engine import PipelineEngine
+    from evaluate.engine.pool_engine import PoolEngine
+
+    for engine in (PipelineEngine, PoolEngine):
+        assert issubclass(engine, Engine), engine

@@ -9,7 +9,7 @@ import torch
 from kvpress import ChunkKVPress, KnormPress, SnapKVPress
 from transformers import AttentionInterface, DynamicCache
 
-from evaluate.engine.pipeline_engine import make_pipeline
+from evaluate.engine.context_budget import make_pipeline
 from evaluate.models.layer_masks import fit_masks_to_layers
 from evaluate.models.random_models import TinyRandomModel
 

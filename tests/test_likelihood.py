@@ -9,7 +9,7 @@ import torch
 from omegaconf import open_dict
 
 from evaluate import rundir
-from evaluate.engine.pipeline_engine import make_pipeline
+from evaluate.engine.context_budget import make_pipeline
 from evaluate.engine.teacher_forcing import answer_text, teacher_forced
 from evaluate.models.random_models import TinyRandomModel
 from evaluate.points.config import ConfigError, fingerprint, run_dir

@@ -7,7 +7,8 @@ from omegaconf import OmegaConf, open_dict
 from evaluate import rundir
 from evaluate.errors import ConfigError
 from evaluate.points.config import fingerprint, run_dir, run_name
-from evaluate.run.entry import checked, run
+from evaluate.points.resolve import checked
+from evaluate.run.entry import run
 from evaluate.score.baseline import baseline_key
 from tests.support import compose_config, evaluate_cli, with_shared_context
 
@@ -51,7 +52,7 @@ def test_generate_false_reads_no_max_new_tokens(tmp_path):
     in_sweep = compose_config(tmp_path, "press=topk", "generate=false", "max_new_tokens=3")
     # A sweep's generate=false point runs without it: one run, under the name it had before the key existed.
     assert run_dir(in_sweep) == run_dir(measured) == run_dir(without_key(measured))
-    assert checked([in_sweep])[0].spec.max_new_tokens is None
+    assert checked([in_sweep])[0].max_new_tokens is None
     with pytest.raises(ConfigError) as refused:
         checked([in_sweep], single=True)
     assert str(refused.value) == (

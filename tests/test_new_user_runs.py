@@ -14,6 +14,7 @@ from evaluate.errors import ConfigError
 from evaluate.models.loading import Models
 from evaluate.points.config import run_dir, run_name, validate_context_lengths
 from evaluate.points.overrides import check_overrides
+from evaluate.points.resolve import resolve
 from evaluate.run import entry
 from evaluate.run.entry import run, run_sweep
 from evaluate.run.summary import run_summary
@@ -234,7 +235,7 @@ def test_the_suggested_sweep_keeps_your_press_its_knobs_and_config_folders(tmp_p
                  "+press.press.chunk_length=5", "cr=0.3", "limit=2"]  # fmt: skip
     cfg = with_shared_context(compose_config(tmp_path, "press=chunkkv", "cr=0.3", "limit=2"))
     metrics = run(cfg)
-    [sweep] = [line for line in run_summary(cfg, metrics, overrides).splitlines() if "(a sweep:" in line]
+    [sweep] = [line for line in run_summary(resolve(cfg), metrics, overrides).splitlines() if "(a sweep:" in line]
     assert sweep.split("   (a sweep")[0].split() == [
         "python", "-m", "evaluate", "-m", "press=chunkkv", "scorer=mine", "scorer.press.window_size=4",
         "+press.press.chunk_length=5", "'hydra.searchpath=[file:///my/conf]'", "limit=2", "cr=0.5,0.7,0.9",
@@ -246,9 +247,9 @@ def test_a_scorer_yaml_may_leave_min_context_out(tmp_path):
     cfg = compose_config(tmp_path, "press=topk", "scorer=knorm", "benchmark.tasks=[niah_single_1]")
     with open_dict(cfg):
         del cfg.scorer["min_context"]
-    validate_context_lengths(cfg, 1)
+    validate_context_lengths(resolve(cfg), 1)
     assert run(cfg)["tasks"]["niah_single_1"]["n"] == 3
     with open_dict(cfg):
         cfg.scorer.min_context = 5
     with pytest.raises(ConfigError, match="needs contexts longer than 5 tokens but the shortest context has 5"):
-        validate_context_lengths(cfg, 5)
+        validate_context_lengths(resolve(cfg), 5)

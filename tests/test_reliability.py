@@ -21,6 +21,7 @@ from evaluate.benchmarks.selection import check_samples, select_fraction
 from evaluate.models.random_models import TinyRandomModel
 from evaluate.points.config import ConfigError, run_dir
 from evaluate.points.plan import truncate
+from evaluate.points.resolve import resolve
 from evaluate.run.entry import run, run_sweep
 from evaluate.run.summary import sweep_summary
 from tests.support import SharedContextBenchmark, compose_config, with_shared_context
@@ -440,7 +441,7 @@ def test_a_sweep_ends_with_its_method_by_cr_table_and_lists_its_failed_points(tm
         for scorer, cr in points
     ]
     metrics = run_sweep(cfgs)
-    lines = sweep_summary(cfgs, metrics).splitlines()
+    lines = sweep_summary([resolve(cfg) for cfg in cfgs], metrics).splitlines()
     assert lines[0] == "sweep of 4 points, score (answer KL) by method and cr:"
     assert lines[1].split() == ["cr", "0.25", "0.50"]
     assert lines[2].split() == ["method"]

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from evaluate.points.config import run_dir
+from evaluate.points.resolve import resolve
 from evaluate.report import cli, plots
 from evaluate.report.build import build_report
 from evaluate.report.cli import main
@@ -243,10 +244,10 @@ def test_the_run_summary_takes_no_no_press_run_of_another_context_budget_as_its_
     metrics = run(compressed)
     other = with_shared_context(compose_config(tmp_path, "press=none", "limit=1", "max_context_length=200"))
     run(other)
-    summary = run_summary(compressed, metrics)
+    summary = run_summary(resolve(compressed), metrics)
     assert "no uncompressed run of these samples and settings yet: python -m evaluate press=none" in summary
     assert str(run_dir(other)) not in summary
     same = with_shared_context(compose_config(tmp_path, "press=none", "cr=0.9", "scorer=knorm", "limit=1"))
     uncompressed = run(same)  # recorded at another cr and scorer, as a sweep's press=none point may be: the baseline
     expected = f"uncompressed, same samples: score {uncompressed['score']} ({run_dir(same)})"
-    assert expected in run_summary(compressed, metrics)
+    assert expected in run_summary(resolve(compressed), metrics)

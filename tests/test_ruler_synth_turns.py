@@ -18,9 +18,9 @@ from omegaconf import open_dict
 from evaluate.benchmarks import Sample
 from evaluate.benchmarks.ruler_synth import TASKS, TURN_TASKS, RulerSynth, generate_task, split_prompt
 from evaluate.errors import ConfigError
-from evaluate.keys import without_single_turn
 from evaluate.points.config import fingerprint, run_name
 from evaluate.score.baseline import baseline_key
+from evaluate.settings import without_single_turn
 from tests.support import compose_config
 
 QA_DIR = Path(__file__).resolve().parent / "fixtures" / "ruler_qa"

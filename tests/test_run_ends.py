@@ -19,6 +19,7 @@ from evaluate.engine.prefill import PrefillCapture
 from evaluate.engine.requests import DecodeRequest, Prefilled
 from evaluate.errors import RunIncomplete
 from evaluate.points.config import run_dir
+from evaluate.points.resolve import resolve
 from evaluate.report.runs import unfinished
 from evaluate.run import recorder as recorder_module
 from evaluate.run.entry import command, run, run_sweep
@@ -158,7 +159,7 @@ def test_ctrl_c_counts_only_what_this_session_answered(tmp_path, monkeypatch):
         run(shared(tmp_path, "decode_batch_size=1"))
     out = run_dir(cfg)
     assert len(rundir.read_predictions(out / rundir.PREDICTIONS)) == 6  # two sessions, one context of 3 each
-    assert interrupted_summary([cfg]).startswith(f"interrupted: 3 samples answered and kept in {out};")
+    assert interrupted_summary([resolve(cfg)]).startswith(f"interrupted: 3 samples answered and kept in {out};")
     record = rundir.read_json(out / rundir.RUN)
     assert (record["status"], record["signal"], record["samples"]) == ("interrupted", "SIGINT", 6)
 

@@ -9,6 +9,7 @@ import pytest
 
 from evaluate import rundir
 from evaluate.points.config import method_name, run_dir
+from evaluate.points.resolve import resolve
 from evaluate.run.entry import run
 from evaluate.run.summary import run_summary
 from evaluate.score.rescore import main as score_main
@@ -206,7 +207,7 @@ def test_presses_run_on_a_tiny_qwen3(tmp_path, press):
 def test_a_single_run_ends_with_its_score_next_to_the_uncompressed_one(tmp_path):
     compressed = with_shared_context(compose_config(tmp_path, "press=eg_chunkkv", "cr=0.5", "limit=1"))
     metrics = run(compressed)
-    first = run_summary(compressed, metrics)
+    first = run_summary(resolve(compressed), metrics)
     assert f"eg_chunkkv_snapkv at cr 0.50 on shared_context (tiny-random, 2 samples): score {metrics['score']}" in first
     assert "of the KV pairs kept on average" in first
     assert "no uncompressed run of these samples and settings yet: python -m evaluate press=none" in first
@@ -218,7 +219,9 @@ def test_a_single_run_ends_with_its_score_next_to_the_uncompressed_one(tmp_path)
     rows = rundir.read_predictions(run_dir(uncompressed) / rundir.PREDICTIONS)
     same = [row for row in rows if row["id"] in {"doc-0-0", "doc-0-1"}]
     expected = SharedContextBenchmark().score(same)["score"]
-    assert f"uncompressed, same samples: score {expected} ({run_dir(uncompressed)})" in run_summary(compressed, metrics)
+    assert f"uncompressed, same samples: score {expected} ({run_dir(uncompressed)})" in run_summary(
+        resolve(compressed), metrics
+    )
 
 
 @pytest.mark.slow  # one `python -m evaluate` process (imports torch and kvpress)

@@ -8,6 +8,7 @@ from omegaconf import OmegaConf
 from evaluate import rundir
 from evaluate.errors import ConfigError
 from evaluate.points.config import fingerprint, run_dir
+from evaluate.points.resolve import resolve
 from evaluate.points.shard import Shard, parse_shard, resolve_shard
 from evaluate.report.runs import ReportError, read_run
 from evaluate.run import recorder
@@ -94,7 +95,7 @@ def test_a_killed_shard_is_rerun_alone_and_the_point_is_never_complete_before(tm
         read_run(out)
     assert not (out / rundir.METRICS).exists()
     # The sweep's closing lines name the points that wait, and for which shards.
-    summary = sweep_summary(sweep(tmp_path), [None, None, None])
+    summary = sweep_summary([resolve(cfg) for cfg in sweep(tmp_path)], [None, None, None])
     assert "3 points wait for other shards" in summary and "shards 0/2 have samples unanswered" in summary
 
     finished = run_sweep(sweep(tmp_path, "shard=0/2"))

@@ -12,8 +12,8 @@ from evaluate import rundir
 from evaluate.engine.prefill import compressed_cache
 from evaluate.models.random_models import TinyRandomModel
 from evaluate.points.config import run_dir
-from evaluate.points.point import Point, resolve
 from evaluate.points.press_traits import why_not_shared_prefill
+from evaluate.points.resolve import resolve
 from evaluate.run.entry import run, run_sweep
 from evaluate.run.planning import make_plan
 from tests.support import captured_prefill, compose_config, with_shared_context
@@ -86,8 +86,8 @@ def test_points_that_cannot_share_take_the_pipeline_path(tmp_path):
     shared = with_shared_context(compose_config(tmp_path, "press=topk"))
     tokenizer = TinyRandomModel().load_tokenizer()
     eager_plan, shared_plan = (
-        make_plan(Point(eager, resolve(eager)), tokenizer),
-        make_plan(Point(shared, resolve(shared)), tokenizer),
+        make_plan(resolve(eager), tokenizer),
+        make_plan(resolve(shared), tokenizer),
     )
     assert why_not_shared_prefill(eager_plan.press, eager_plan.spec.attention) is not None
     assert why_not_shared_prefill(shared_plan.press, shared_plan.spec.attention) is None

@@ -15,6 +15,7 @@ from omegaconf import open_dict
 
 from evaluate.benchmarks.ruler import Ruler
 from evaluate.points.config import ConfigError
+from evaluate.points.resolve import resolve
 from evaluate.run.tracking import Tracker
 from evaluate.score.likelihood import FIELDS as LIKELIHOOD_FIELDS
 from evaluate.score.rescore import score_rows
@@ -34,7 +35,7 @@ def compose(tmp_path, *overrides: str):
 def test_disabled_tracking_is_a_no_op_that_never_imports_wandb(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # any `import wandb` now fails
     for cfg in (compose_config(tmp_path), compose(tmp_path, "wandb=disabled")):
-        tracker = Tracker.from_config(cfg, "run")
+        tracker = Tracker.from_spec(resolve(cfg))
         assert not tracker.enabled
         tracker.log_progress(1, 2, wall_seconds=1.0)
         tracker.log_metrics({"score": 1.0, "tasks": {}}, [], Ruler())
@@ -42,9 +43,9 @@ def test_disabled_tracking_is_a_no_op_that_never_imports_wandb(tmp_path, monkeyp
     with pytest.raises(
         ConfigError, match=r"wandb.mode=offline needs the wandb package: pip install 'pressbench\[wandb\]'"
     ):
-        Tracker.from_config(compose(tmp_path, "wandb=offline"), "run")
+        Tracker.from_spec(resolve(compose(tmp_path, "wandb=offline")))
     with pytest.raises(ConfigError, match="wandb.mode='sometimes'; choose one of disabled, offline, online"):
-        Tracker.from_config(compose(tmp_path, "wandb=offline", "wandb.mode=sometimes"), "run")
+        Tracker.from_spec(resolve(compose(tmp_path, "wandb=offline", "wandb.mode=sometimes")))
 
 
 def test_a_wandb_failure_turns_tracking_off_without_stopping_the_run(caplog):
@@ -130,7 +131,7 @@ def test_offline_run_logs_config_progress_metrics_and_a_predictions_table(tmp_pa
         cfg.benchmark = {"_target_": "evaluate.benchmarks.ruler.Ruler", "name": "ruler"}
     # A job of a multirun: the launcher names the group after the sweep folder.
     group_by_sweep(cfg, "/sweeps/multirun/2026-01-02_03-04-05")
-    tracker = Tracker.from_config(cfg, "ruler__tiny-random__eg_chunkkv_snapkv__cr0.90__abcdef")
+    tracker = Tracker.from_spec(resolve(cfg))
     run_dir = tracker.run_dir
     assert run_dir.parent.parent == offline and run_dir.name.startswith("offline-run-")
     rows = [
@@ -152,7 +153,7 @@ def test_offline_run_logs_config_progress_metrics_and_a_predictions_table(tmp_pa
     assert (run.run_group, run.job_type, run.display_name) == (
         "sweep-2026-01-02_03-04-05",
         "ruler",
-        "ruler__tiny-random__eg_chunkkv_snapkv__cr0.90__abcdef",
+        resolve(cfg).out.name,
     )
     config = items(run.config.update)
     assert config["cr"] == 0.9 and config["press"]["method"] == "eg_chunkkv_snapkv"
@@ -229,7 +230,7 @@ def test_report_logs_tables_plots_and_a_score_chart_to_one_offline_run(tmp_path,
 
 def test_wandb_mode_in_the_environment_tracks_a_run_of_the_default_config(tmp_path, offline):
     # The offline fixture sets WANDB_MODE=offline; the command line names no wandb option.
-    tracker = Tracker.from_config(compose_config(tmp_path), "run")
+    tracker = Tracker.from_spec(resolve(compose_config(tmp_path)))
     run_dir = tracker.run_dir
     assert tracker.enabled and run_dir.parent.parent == offline and run_dir.name.startswith("offline-run-")
     tracker.finish()
@@ -240,10 +241,10 @@ def test_wandb_mode_in_the_environment_tracks_a_run_of_the_default_config(tmp_pa
 def test_wandb_disabled_on_the_command_line_wins_over_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setitem(sys.modules, "wandb", None)  # any `import wandb` now fails
-    assert not Tracker.from_config(compose(tmp_path, "wandb=disabled"), "run").enabled
+    assert not Tracker.from_spec(resolve(compose(tmp_path, "wandb=disabled"))).enabled
     # Without the package, the default config refuses in one line naming the variable and both ways out.
     with pytest.raises(ConfigError) as refused:
-        Tracker.from_config(compose_config(tmp_path), "run")
+        Tracker.from_spec(resolve(compose_config(tmp_path)))
     assert str(refused.value) == (
         "WANDB_MODE=offline needs the wandb package: pip install 'pressbench[wandb]' (or unset WANDB_MODE, or "
         "wandb=disabled)"
@@ -255,6 +256,6 @@ def test_a_wandb_mode_that_cannot_track_is_named_as_ignored(tmp_path, monkeypatc
     for value, warned in (("disabled", False), ("dryrun", True)):
         monkeypatch.setenv("WANDB_MODE", value)
         caplog.clear()
-        assert not Tracker.from_config(compose_config(tmp_path), "run").enabled
+        assert not Tracker.from_spec(resolve(compose_config(tmp_path))).enabled
         lines = [record.getMessage() for record in caplog.records]
         assert lines == (["WANDB_MODE=dryrun is ignored: set it to offline or online to track (or disabled)"] * warned)

@@ -16,6 +16,7 @@ import pytest
 from evaluate import rundir
 from evaluate.benchmarks.ruler import Ruler
 from evaluate.points.config import run_dir
+from evaluate.points.resolve import resolve
 from evaluate.report import plots
 from evaluate.report.build import build_report, write_report
 from evaluate.report.cli import main as report_main
@@ -221,9 +222,9 @@ def test_the_run_summary_ends_with_the_score_by_turn(tmp_path):
     out.mkdir(parents=True)
     (out / rundir.PREDICTIONS).write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
     metrics = score_rows(Ruler(), rows)
-    lines = run_summary(cfg, metrics).splitlines()
+    lines = run_summary(resolve(cfg), metrics).splitlines()
     assert lines[1] == "score by turn: 0 → 75.00, 1 → 50.00, 2 → 25.00"
-    assert "score by turn" not in run_summary(cfg, score_rows(Ruler(), rows_of(MULTI, turns=None)))
+    assert "score by turn" not in run_summary(resolve(cfg), score_rows(Ruler(), rows_of(MULTI, turns=None)))
 
 
 def test_the_runs_wandb_summary_holds_the_score_by_turn(tmp_path, offline):  # noqa: F811
@@ -235,7 +236,7 @@ def test_the_runs_wandb_summary_holds_the_score_by_turn(tmp_path, offline):  # n
         "samples_by_turn/1": 4,
         "samples_by_turn/2": 4,
     }
-    tracker = Tracker.from_config(compose(tmp_path, "wandb=offline", "press=topk", "cr=0.5"), "ruler__turns")
+    tracker = Tracker.from_spec(resolve(compose(tmp_path, "wandb=offline", "press=topk", "cr=0.5")))
     rows = rows_of(MULTI)
     tracker.log_metrics(score_rows(Ruler(), rows), rows, Ruler())
     folder = tracker.run_dir

@@ -892,6 +892,47 @@ def split_prompt(task: str, prompt: str) -> tuple[str, str, str]:
     return prompt[:question_start], prompt[question_start : answer.start()], prompt[answer.start() :]
 
 
+def _task_args(task: str, qa_path: str | Path | None) -> dict[str, Any]:
+    """The task's arguments from synthetic.yaml; a QA task's also name its dataset file, found in ``qa_path``."""
+    config = _task_configs()[task]
+    args = dict(config["args"])
+    if config["task"] == "qa":
+        path = qa_file(task, qa_path)
+        if path is None:
+            raise FileNotFoundError(
+                f"{task} needs {' or '.join(QA_FILES[args['dataset']])} in benchmark.qa_path (now {qa_path})"
+            )
+        args["path"] = str(path)
+    return args
+
+
+def _conversation_samples(
+    task: str, index: int, conversation: _Conversation, turns: int, max_new_tokens: int
+) -> list[Sample]:
+    """Conversation ``index`` as samples, one per turn, each prompt split like kvpress's hub dataset."""
+    samples = []
+    for turn, (prompt, answers) in enumerate(conversation):
+        context, question, answer_prefix = split_prompt(task, prompt)
+        # A single turn is a sample on its own, under the id it has always had.
+        sample_id, conversation_id, turn_index = (
+            (f"{task}-{index}", None, None) if turns == 1 else (f"{task}-{index}-turn{turn}", f"{task}-{index}", turn)
+        )
+        samples.append(
+            Sample(
+                id=sample_id,
+                task=task,
+                context=context,
+                question=question,
+                answer_prefix=answer_prefix,
+                answers=list(answers),
+                max_new_tokens=max_new_tokens,
+                conversation=conversation_id,
+                turn=turn_index,
+            )
+        )
+    return samples
+
+
 def generate_task(
     task: str,
     tokenizer,
@@ -915,41 +956,16 @@ def generate_task(
         raise ConfigError(f"benchmark.num_samples={num_samples} must be at least 0")
     if num_samples == 0:
         return []
-    config = _task_configs()[task]
-    args = dict(config["args"])
-    if config["task"] == "qa":
-        path = qa_file(task, qa_path)
-        if path is None:
-            raise FileNotFoundError(
-                f"{task} needs {' or '.join(QA_FILES[args['dataset']])} in benchmark.qa_path (now {qa_path})"
-            )
-        args["path"] = str(path)
-    generator = _FAMILIES[config["task"]](tokenizer, max_seq_length, seed, args, turns=turns)
+    args = _task_args(task, qa_path)
+    generator = _FAMILIES[_task_configs()[task]["task"]](tokenizer, max_seq_length, seed, args, turns=turns)
     conversations = itertools.islice(generator.prompts(), num_samples)
     samples = []
     progress = tqdm(
         conversations, total=num_samples, desc=f"ruler_synth {task}", disable=num_samples < _PROGRESS_MIN_SAMPLES
     )
+    # Conversations are drawn one at a time, in order, so that sample i is the same whatever num_samples is.
     for i, conversation in enumerate(progress):
-        for turn, (prompt, answers) in enumerate(conversation):
-            context, question, answer_prefix = split_prompt(task, prompt)
-            # A single turn is a sample on its own, under the id it has always had.
-            sample_id, conversation_id, turn_index = (
-                (f"{task}-{i}", None, None) if turns == 1 else (f"{task}-{i}-turn{turn}", f"{task}-{i}", turn)
-            )
-            samples.append(
-                Sample(
-                    id=sample_id,
-                    task=task,
-                    context=context,
-                    question=question,
-                    answer_prefix=answer_prefix,
-                    answers=list(answers),
-                    max_new_tokens=generator.tokens_to_generate,
-                    conversation=conversation_id,
-                    turn=turn_index,
-                )
-            )
+        samples += _conversation_samples(task, i, conversation, turns, generator.tokens_to_generate)
     if len(samples) < num_samples * turns:
         logger.warning("%s: %s has only %d usable questions", task, args.get("path"), len(samples))
     return samples

@@ -16,11 +16,12 @@ import torch
 from transformers import DynamicCache
 
 from evaluate.benchmarks import Sample
+from evaluate.engine.context_budget import chat_template_enabled, make_pipeline, pipeline_budget
+from evaluate.engine.conversation_inputs import conversation_of
 from evaluate.engine.cost import Cost, kv_bytes, measure_kept_ratio
 from evaluate.engine.decoding_compression import kept_after_answer
 from evaluate.engine.decoding_pool import DecodingPool
 from evaluate.engine.devices import cuda_devices, input_device
-from evaluate.engine.pipeline_engine import chat_template_enabled, conversation_of, make_pipeline, pipeline_budget
 from evaluate.engine.prefill import PrefillCapture, QuestionIds, RandomStream, clear_masks, compressed_cache
 from evaluate.engine.requests import AnsweredGroup, DecodeRequest, GeneratedAnswer, Prefilled, RowCost, hidden_keys
 from evaluate.engine.score_memo import ScoreMemo
@@ -201,8 +202,8 @@ class PrefilledContext:
 
 class PoolEngine:
     """The pooled path (docs/layout.md's engine): each distinct context prefilled once, compressed at batch 1 for
-    every point that needs it, and every point's questions decoded in one pool. ``answer`` is the engine interface
-    the run asks both paths through (:class:`evaluate.engine.pipeline_engine.PipelineEngine` is the other)."""
+    every point that needs it, and every point's questions decoded in one pool; an
+    :class:`~evaluate.engine.engine.Engine`, as :class:`evaluate.engine.pipeline_engine.PipelineEngine` is."""
 
     def __init__(self, model, tokenizer, batch_size: int, memory_bytes: int):
         self.model, self.tokenizer = model, tokenizer

@@ -19,9 +19,9 @@ from kvpress.utils import extract_keys_and_values
 from transformers import DynamicCache
 
 from evaluate.benchmarks import Sample
+from evaluate.engine.context_budget import chat_template_enabled
 from evaluate.engine.devices import onloaded
 from evaluate.engine.exact_compress import compress
-from evaluate.engine.pipeline_engine import chat_template_enabled
 from evaluate.engine.score_memo import ScoreMemo
 from evaluate.points.press_traits import members, traits
 

@@ -11,6 +11,7 @@ import math
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import fields
 from functools import lru_cache
 from pathlib import Path
 
@@ -23,9 +24,9 @@ from omegaconf import DictConfig, OmegaConf
 from evaluate import registry, rundir
 from evaluate.benchmarks.sources import no_connection
 from evaluate.errors import ConfigError
-from evaluate.keys import NON_RESULT_KEYS, without_single_turn
 from evaluate.points.budget import why_not_budget
 from evaluate.points.overrides import default_setting
+from evaluate.points.point import PointSpec
 from evaluate.points.press_traits import (
     changes_the_model,
     decoding_part,
@@ -40,12 +41,9 @@ from evaluate.points.press_traits import (
     why_not_multi_turn,
     why_not_teacher_forced,
 )
+from evaluate.settings import NON_RESULT_KEYS, Settings, without_single_turn
 
 logger = logging.getLogger(__name__)
-
-# pipeline: kvpress's pipeline cuts the templated context's tokens at max_context_length (else the tokenizer's
-# model_max_length), as every published number was run; head/middle: the harness cuts the raw context beforehand.
-TRUNCATION_POLICIES = ("pipeline", "head", "middle")
 
 
 def _path_name(name_or_path: str) -> str:
@@ -60,19 +58,25 @@ def compresses(cfg: DictConfig) -> bool:
     return cfg.press.press is not None and described_press(cfg) is not None
 
 
-def build_press(cfg: DictConfig) -> BasePress | None:
+def press_config(cfg: DictConfig) -> dict | None:
+    """The press's ``_target_`` tree, resolved (None for press=none): what the point's spec carries."""
+    return None if cfg.press.press is None else OmegaConf.to_container(cfg.press.press, resolve=True)
+
+
+def build_press(spec: PointSpec) -> BasePress | None:
     """A new press object for the run (None for press=none); a registry entry's missing knob is a ConfigError."""
-    if cfg.press.press is None:
-        return None
-    return _instantiate(OmegaConf.to_container(cfg.press.press, resolve=True))
+    return None if spec.press is None else _instantiate(spec.press)
 
 
 def described_press(cfg: DictConfig) -> BasePress | None:
     """The press the configuration describes, to read its classes and arguments, never to run: built once per
     distinct press configuration, since the checks ask for it many times and some constructors log (KVzip's cost)."""
-    if cfg.press.press is None:
-        return None
-    return _described(json.dumps(OmegaConf.to_container(cfg.press.press, resolve=True), sort_keys=True))
+    return described(press_config(cfg))
+
+
+def described(press: dict | None) -> BasePress | None:
+    """:func:`described_press` of a press's resolved ``_target_`` tree (a spec's ``press``)."""
+    return None if press is None else _described(json.dumps(press, sort_keys=True))
 
 
 @lru_cache(maxsize=256)
@@ -255,39 +259,27 @@ def validate_choices(choices: Mapping[str, str | None]) -> None:
         )
 
 
-# conf/config.yaml's turns and history (evaluate/engine/turns.py).
-TURN_MODES = ("independent", "multi")
-HISTORIES = ("reference", "model")
+def check_ranges(cfg: DictConfig) -> None:
+    """Refuse a setting outside the values evaluate/settings.py allows it (null aside), in its one line."""
+    for each in fields(Settings):
+        value, declaration = cfg.get(each.name), each.metadata
+        if value is None:
+            continue
+        if declaration["choices"] and value not in declaration["choices"]:
+            raise ConfigError(f"{each.name}={value!r}; choose one of {', '.join(declaration['choices'])}")
+        if declaration["allowed"] is not None and not declaration["allowed"](value):
+            raise ConfigError(f"{each.name}={value} {declaration['refusal']}")
 
 
 def validate(cfg: DictConfig) -> None:
     """Refuse configurations kvpress cannot run, each with a one-line reason."""
-    if not 0 <= cfg.cr < 1:
-        raise ConfigError(f"cr={cfg.cr} is outside [0, 1): cr is the fraction of KV pairs removed, e.g. cr=0.5")
+    check_ranges(cfg)
     _check_budget(cfg)
-    if cfg.limit is not None and cfg.limit <= 0:
-        raise ConfigError(f"limit={cfg.limit} must be a positive number of samples per task, or null for all")
-    if not 0 < cfg.fraction <= 1:
-        raise ConfigError(f"fraction={cfg.fraction} is outside (0, 1]: the share of samples to run, e.g. 0.1")
-    if cfg.decode_batch_size < 1:
-        raise ConfigError(f"decode_batch_size={cfg.decode_batch_size} must be at least 1 (1 decodes one by one)")
-    if cfg.decode_memory is not None and cfg.decode_memory <= 0:
-        raise ConfigError(
-            f"decode_memory={cfg.decode_memory} must be a positive number of GiB, or null for the default"
-        )
     _check_device(cfg.device)
     resolve_dtype(cfg.dtype)
     _check_attention(cfg.attn_implementation, resolve_device(cfg.device))
     _check_device_map(cfg.get("device_map"))
     _check_writable(Path(cfg.output_dir))
-    if cfg.truncation not in TRUNCATION_POLICIES:
-        raise ConfigError(f"truncation={cfg.truncation!r}; choose one of {', '.join(TRUNCATION_POLICIES)}")
-    if cfg.max_context_length is not None and cfg.max_context_length <= 0:
-        raise ConfigError(f"max_context_length={cfg.max_context_length} must be a positive number of tokens, or null")
-    if cfg.max_new_tokens is not None and cfg.max_new_tokens <= 0:
-        raise ConfigError(
-            f"max_new_tokens={cfg.max_new_tokens} must be a positive number of tokens, or null to keep each row's own"
-        )
     knobs = {knob: cfg.get(knob) for knob in sorted(registry.RUNNER_KNOBS - {"compression_ratio"})}
     if uses_registry_entry(cfg):
         registry.check_knob_ranges(knobs)
@@ -322,11 +314,7 @@ def validate(cfg: DictConfig) -> None:
 
 
 def _check_turns(cfg: DictConfig) -> None:
-    """Refuse a conversation mode or history that does not exist, and a history that nothing reads."""
-    if cfg.turns not in TURN_MODES:
-        raise ConfigError(f"turns={cfg.turns!r}; choose one of {', '.join(TURN_MODES)}")
-    if cfg.history not in HISTORIES:
-        raise ConfigError(f"history={cfg.history!r}; choose one of {', '.join(HISTORIES)}")
+    """Refuse a history that nothing reads, and conversations asked without answers."""
     if cfg.turns == "independent" and cfg.history != "reference":
         raise ConfigError(
             f"history={cfg.history} is read only by turns=multi (independent turns keep no earlier answer); "
@@ -337,15 +325,12 @@ def _check_turns(cfg: DictConfig) -> None:
 
 
 def _check_budget(cfg: DictConfig) -> None:
-    """Refuse a token budget that is not a positive count, one a press cannot keep, or one that every context fits
-    in: with ``truncation=pipeline`` no context is longer than ``max_context_length``, so a budget at least that
-    keeps them all whole, the uncompressed run (the lengths themselves are checked once tokenized)."""
+    """Refuse a token budget a press cannot keep, or one that every context fits in (check_ranges refuses one that
+    is not a positive count): with ``truncation=pipeline`` no context is longer than ``max_context_length``, so a
+    budget at least that keeps them all whole, the uncompressed run (the lengths themselves are checked once
+    tokenized)."""
     budget = cfg.get("budget")
-    if budget is None:
-        return
-    if budget <= 0:
-        raise ConfigError(f"budget={budget} must be a positive number of tokens kept per context, e.g. budget=256")
-    if not compresses(cfg):
+    if budget is None or not compresses(cfg):
         return
     why_not = why_not_budget(described_press(cfg))
     if why_not:
@@ -388,31 +373,31 @@ def hub_unreachable() -> str | None:
     return "HF_HUB_OFFLINE=1" if constants.HF_HUB_OFFLINE else no_connection()
 
 
-def validate_context_lengths(cfg: DictConfig, shortest_context: int) -> None:
+def validate_context_lengths(spec: PointSpec, shortest_context: int) -> None:
     """Refuse a scorer whose observation window does not fit in the shortest context."""
-    if not uses_scorer(cfg):
+    if spec.scorer_name is None:
         return
     # A scorer's YAML may leave min_context out: a scorer without an observation window needs no minimum.
-    min_context = cfg.scorer.get("min_context", 0)
+    min_context = spec.scorer_min_context
     if shortest_context <= min_context:
         raise ConfigError(
-            f"scorer {cfg.scorer.name} needs contexts longer than {min_context} tokens but the shortest "
+            f"scorer {spec.scorer_name} needs contexts longer than {min_context} tokens but the shortest "
             f"context has {shortest_context}; lower its window (e.g. scorer.press.window_size=) or use longer contexts"
         )
 
 
-def validate_budget(cfg: DictConfig, shortest_context: int) -> None:
+def validate_budget(spec: PointSpec, shortest_context: int) -> None:
     """Refuse a ratio at which the press would keep more than its budget of the shortest context: a budget of 0
     pairs, which kvpress's ``compute_n_kept`` and presses/exact_budget.py raise to 1, and 0 chunks, which kvpress's
     ChunkKVPress raises to one whole chunk; warn when a scorer's window outnumbers the budget, so that tie-breaking
     picks the pairs kept (docs/configuration.md, "Extreme ratios")."""
-    cr = effective_cr(cfg)
-    if cr == 0 or decoding_target(cfg) is not None:
+    cr = spec.effective_cr
+    if cr == 0 or spec.decoding_target is not None:
         return
     if cr is None:  # a token budget keeps at least 1 pair of every context, and exactly its budget
-        _warn_window(cfg, min(effective_budget(cfg), shortest_context), shortest_context, f"budget={cfg.budget}")
+        _warn_window(spec, min(spec.budget, shortest_context), shortest_context, f"budget={spec.budget}")
         return
-    if uses_scorer(cfg):
+    if spec.scorer_name is not None:
         n_kept = int(shortest_context * (1 - cr))
         if n_kept == 0:
             raise ConfigError(
@@ -420,8 +405,8 @@ def validate_budget(cfg: DictConfig, shortest_context: int) -> None:
                 f"({shortest_context} tokens), and the press would keep 1 anyway; use contexts of at least "
                 f"{shortest_keeping(1, cr)} tokens or a lower cr"
             )
-        _warn_window(cfg, n_kept, shortest_context, f"cr={cr}", shortest_keeping)
-    for member in members(described_press(cfg)):
+        _warn_window(spec, n_kept, shortest_context, f"cr={cr}", shortest_keeping)
+    for member in members(described(spec.press)):
         # kvpress's own compress (press=chunkkv, method=chunkkv), not presses/chunkkv_exact.py's exact budget.
         if isinstance(member, ChunkKVPress) and type(member).compress is ChunkKVPress.compress:
             chunk_length = member.chunk_length
@@ -436,17 +421,16 @@ def validate_budget(cfg: DictConfig, shortest_context: int) -> None:
                 )
 
 
-def warn_uncompressed_decoding(cfg: DictConfig, longest_row: int, longest_question: int, longest_answer: int) -> None:
+def warn_uncompressed_decoding(spec: PointSpec, longest_row: int, longest_question: int, longest_answer: int) -> None:
     """Warn, before the model loads, when a decoding-time press will compress no row: it removes pairs only once a
     layer holds more than ``target_size`` at a compression, which comes every ``compression_interval`` passes (the
     question's pass the first) or on a pass of at least ``target_size`` tokens. Its run is then the uncompressed
     model's; its closing lines and run.json say how many rows it compressed (evaluate/score/decoding.py). The
     lengths are the samples' tokens before the chat template: the longest context, question and answer together,
     the longest question, and the largest ``max_new_tokens``."""
-    target = decoding_target(cfg)
-    if target is None:
+    if spec.decoding_target is None:
         return
-    target_size, interval = target
+    target_size, interval = spec.decoding_target
     if longest_row <= target_size:
         why = (
             f"target_size={target_size} holds every row whole (the longest context, question and answer hold "
@@ -459,18 +443,18 @@ def warn_uncompressed_decoding(cfg: DictConfig, longest_row: int, longest_questi
         )
     else:
         return
-    logger.warning("%s will never compress here, and answers as the uncompressed model: %s", method_name(cfg), why)
+    logger.warning("%s will never compress here, and answers as the uncompressed model: %s", spec.method, why)
 
 
-def _warn_window(cfg: DictConfig, n_kept: int, shortest_context: int, at: str, shortest=None) -> None:
+def _warn_window(spec: PointSpec, n_kept: int, shortest_context: int, at: str, shortest=None) -> None:
     """Warn when the pairs kept of the shortest context are fewer than the scorer's window. Not refused: the press
     keeps its budget, as kvpress computes it; but which pairs is tie-breaking. ``shortest(window, cr)``, for a
     ratio, is the context length whose budget holds the window; a token budget holds it at ``budget=window``."""
-    window = cfg.scorer.press.get("window_size") if uses_scorer(cfg) else None
-    if not isinstance(window, int) or n_kept >= window:
+    window = spec.scorer_window
+    if window is None or n_kept >= window:
         return
     fix = (
-        f"use contexts of at least {shortest(window, effective_cr(cfg))} tokens"
+        f"use contexts of at least {shortest(window, spec.effective_cr)} tokens"
         if shortest
         else f"use budget={window} or more"
     )
@@ -478,7 +462,7 @@ def _warn_window(cfg: DictConfig, n_kept: int, shortest_context: int, at: str, s
         "scorer %s keeps %d pairs per head of the shortest context (%d tokens) at %s, fewer than its window of %d, "
         "which it scores above every other position: the pairs kept are window positions picked among equal scores "
         "by torch.topk; %s or a smaller scorer.press.window_size for a selection the scores decide",
-        cfg.scorer.name,
+        spec.scorer_name,
         n_kept,
         shortest_context,
         at,

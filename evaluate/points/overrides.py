@@ -16,12 +16,12 @@ from difflib import get_close_matches
 from functools import cache
 from pathlib import Path
 
+import yaml
 from hydra._internal.utils import get_args_parser
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Glob, Override
 from hydra.errors import OverrideParseException
-from omegaconf import OmegaConf
 
 from evaluate.errors import ConfigError
 
@@ -35,7 +35,12 @@ ALIASES = {"compression_ratio": "cr"}
 @cache
 def default_setting(key: str) -> object:
     """A top-level setting's default, as conf/config.yaml sets it."""
-    return OmegaConf.load(CONF_DIR / "config.yaml")[key]
+    return _load(CONF_DIR / "config.yaml")[key]
+
+
+def _load(path: Path) -> dict:
+    """A config file's YAML as plain data (its interpolations as written)."""
+    return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
 
 
 def check_command_line(argv: Sequence[str]) -> None:
@@ -123,18 +128,18 @@ def groups(folders: tuple[Path, ...] = (CONF_DIR,)) -> dict[str, tuple[str, ...]
 @cache
 def settings() -> frozenset[str]:
     """The top-level settings of conf/config.yaml: present in every run, so ``+`` never adds one."""
-    return frozenset(key for key in OmegaConf.load(CONF_DIR / "config.yaml") if key not in _NOT_SETTINGS)
+    return frozenset(key for key in _load(CONF_DIR / "config.yaml") if key not in _NOT_SETTINGS)
 
 
 @cache
 def known_keys(folders: tuple[Path, ...] = (CONF_DIR,)) -> frozenset[str]:
     """Every key, dotted (``model.source.seed``), that conf/config.yaml or an option of a config group sets."""
-    keys = set(_dotted(OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml")), ""))
+    keys = set(_dotted(_load(CONF_DIR / "config.yaml"), ""))
     for group in groups(folders):
         keys.add(group)
         for path in (path for root in folders for path in (root / group).glob("*.yaml")):
             package = "" if "# @package _global_" in path.read_text(encoding="utf-8") else group
-            keys.update(_dotted(OmegaConf.to_container(OmegaConf.load(path)), package))
+            keys.update(_dotted(_load(path), package))
     return frozenset(keys)
 
 

@@ -3,6 +3,7 @@
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -26,7 +27,7 @@ from evaluate.report.tables import (
     task_table,
 )
 from evaluate.report.turns import turn_table
-from evaluate.score.iso_quality import DEFAULT_DELTA, DEFAULT_RELATIVE, thresholds
+from evaluate.score.iso_quality import DEFAULT_DELTA, DEFAULT_RELATIVE, Threshold, thresholds
 
 
 @dataclass
@@ -99,17 +100,74 @@ def build_report(
     # decoding-time runs (which ignore cr) their own table by what they kept.
     by_ratio, by_budget, by_decoding = split_by_axis(frame)
     at_ratio = [run for run in runs if run.budget is None and run.decoding is None]
+    differences = _difference_tables(at_ratio, effects, diffs, resamples, seed)
+    comparisons, unmatched = (
+        compare_tables(at_ratio, load_references(reference_dir), resamples, seed) if reference_dir else ([], 0)
+    )
+    headline, tasks, budgets = _headline_tables(by_ratio, by_budget)
+    # The rest of Report's fields come from helpers by name, so that none of them lands in another's place.
+    return Report(
+        runs,
+        frame,
+        skipped,
+        headline,
+        tasks,
+        differences,
+        comparisons=comparisons,
+        unmatched_references=unmatched,
+        budgets=budgets,
+        **_iso_fields(runs, by_ratio, by_budget, chosen, resamples, seed),
+        **_per_run_fields(runs, frame, by_decoding, serving_memory_gb),
+    )
+
+
+def _difference_tables(
+    at_ratio: list[RunResult],
+    effects: Sequence[Effect] | None,
+    diffs: Sequence[tuple[str, str]],
+    resamples: int,
+    seed: int,
+) -> list[Table]:
+    """The effect tables (conf/report.yaml's where ``effects`` is None) that have a pair of runs, then a table per
+    ``--diff`` pair; ReportError for a pair without runs."""
     effects = load_effects() if effects is None else effects
     differences = [table for effect in effects if (table := effect_table(at_ratio, effect, resamples, seed))]
     differences += [diff_table(at_ratio, a, b, resamples, seed) for a, b in diffs]
-    compared = compare_tables(at_ratio, load_references(reference_dir), resamples, seed) if reference_dir else ([], 0)
+    return differences
+
+
+def _headline_tables(by_ratio: pd.DataFrame, by_budget: pd.DataFrame) -> tuple[list[Table], list[Table], list[Table]]:
+    """Per benchmark, by name: the headline table by cr, its per-task table, and the headline by token budget."""
     benchmarks = sorted(by_ratio.benchmark.unique())
     headline = [headline_table(by_ratio, benchmark) for benchmark in benchmarks]
     tasks = [task_table(by_ratio, benchmark) for benchmark in benchmarks]
     budgets = [headline_table(by_budget, benchmark, BUDGET) for benchmark in sorted(by_budget.benchmark.unique())]
-    comparisons, unmatched = compared
+    return headline, tasks, budgets
+
+
+def _iso_fields(
+    runs: list[RunResult],
+    by_ratio: pd.DataFrame,
+    by_budget: pd.DataFrame,
+    chosen: Sequence[Threshold],
+    resamples: int,
+    seed: int,
+) -> dict[str, Any]:
+    """:class:`Report`'s iso-quality fields: the tables by cr and by token budget that have runs, and both series."""
     iso, series = iso_table(runs, by_ratio, chosen, resamples, seed)
     iso_budget, budget_series = iso_table(runs, by_budget, chosen, resamples, seed, ISO_BUDGET)
+    return {
+        "iso": [table for table in (iso, iso_budget) if table],
+        "iso_series": series,
+        "iso_budget_series": budget_series,
+    }
+
+
+def _per_run_fields(
+    runs: list[RunResult], frame: pd.DataFrame, by_decoding: pd.DataFrame, serving_memory_gb: float
+) -> dict[str, Any]:
+    """:class:`Report`'s tables with a row per run: decoding-time runs, likelihood, serving capacity, answer length
+    and score by turn, each where some run has what it shows."""
     decoding = [decoding_table(by_decoding, benchmark) for benchmark in sorted(by_decoding.benchmark.unique())]
     # A row per run, each saying what it keeps: cr, budget or target size.
     likelihood = likelihood_tables(frame)
@@ -118,25 +176,13 @@ def build_report(
     lengths = [table for benchmark in names if (table := answer_length_table(frame, benchmark))]
     # By turn: the runs at a ratio and the token-budget runs in one table, each row saying what it keeps.
     turns = [table for benchmark in names if (table := turn_table(frame, benchmark))]
-    return Report(
-        runs,
-        frame,
-        skipped,
-        headline,
-        tasks,
-        differences,
-        comparisons,
-        likelihood,
-        unmatched,
-        [table for table in (iso, iso_budget) if table],
-        series,
-        [capacity] if capacity else [],
-        budgets,
-        budget_series,
-        lengths,
-        turns,
-        decoding,
-    )
+    return {
+        "decoding": decoding,
+        "likelihood": likelihood,
+        "capacity": [capacity] if capacity else [],
+        "answer_length": lengths,
+        "turns": turns,
+    }
 
 
 def write_report(report: Report, out: Path, runs_dir: Path, resamples: int) -> list[Path]:

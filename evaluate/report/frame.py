@@ -71,40 +71,67 @@ def runs_frame(runs: Sequence[RunResult]) -> pd.DataFrame:
     records = []
     baselines = find_baselines(runs)
     for position, run in enumerate(runs):
-        kept = [row["kept_ratio"] for row in run.rows if row.get("kept_ratio") is not None]
-        common = {
-            **{name: getattr(run, name) for name in _RUN_ATTRIBUTES},
-            "turn_mode": mode_label(run.turns, run.history),
-            "run": position,
-            "cr": run.compression_ratio,
-            "ratio": round(run.compression_ratio, 6),
-            "budget": run.budget,
-            "reference": run.method == NO_PRESS,
-            "baseline": baselines[position],
-            **{column: getattr(run.interval, name, None) for column, name in _INTERVAL.items()},
-            "n": run.samples,
-            "partial": bool(run.partial_reasons),
-            "settings": run.config.get("benchmark", {}),
-            "status": run.run.get("status", ""),
-            "kept_ratio": sum(kept) / len(kept) if kept else None,
-            **decoding_fields(run, kept),
-            **{key: run.run.get(key) for key in COST_KEYS},
-            "run_dir": str(run.path),
-            **{name: run.likelihood.get(name) for name in LIKELIHOOD_FIELDS},
-            **{
-                f"{name}_{end}": getattr(run.likelihood_intervals.get(name), end, None)
-                for name in LIKELIHOOD_FIELDS
-                for end in ("low", "high")
-            },
-            "likelihood_n": run.likelihood.get("n"),
-            **answer_length(runs, position, baselines[position]),
-        }
-        likelihood = run.likelihood.get("tasks", {})
-        for task, values in sorted(run.tasks.items()) or [(None, {})]:
-            means = likelihood.get(task, {})
-            task_likelihood = {f"task_{name}": means.get(name) for name in LIKELIHOOD_FIELDS}
-            task_figures = {"task_score": values.get("score"), "task_n": values.get("n", 0), **task_likelihood}
-            records.append({**common, "task": task, **task_figures, "task_likelihood_n": means.get("n")})
+        records += _task_records(run, _run_record(runs, position, baselines[position]))
+    return labelled(pd.DataFrame.from_records(records).astype(_column_types()))
+
+
+def _run_record(runs: Sequence[RunResult], position: int, baseline: int | None) -> dict:
+    """The columns of run ``position`` that each of its task rows repeats (see :func:`runs_frame`), in their order."""
+    run = runs[position]
+    kept = [row["kept_ratio"] for row in run.rows if row.get("kept_ratio") is not None]
+    return {
+        **{name: getattr(run, name) for name in _RUN_ATTRIBUTES},
+        "turn_mode": mode_label(run.turns, run.history),
+        "run": position,
+        "cr": run.compression_ratio,
+        "ratio": round(run.compression_ratio, 6),
+        "budget": run.budget,
+        "reference": run.method == NO_PRESS,
+        "baseline": baseline,
+        **{column: getattr(run.interval, name, None) for column, name in _INTERVAL.items()},
+        "n": run.samples,
+        "partial": bool(run.partial_reasons),
+        "settings": run.config.get("benchmark", {}),
+        "status": run.run.get("status", ""),
+        "kept_ratio": sum(kept) / len(kept) if kept else None,
+        **decoding_fields(run, kept),
+        **{key: run.run.get(key) for key in COST_KEYS},
+        "run_dir": str(run.path),
+        **_likelihood_fields(run),
+        **answer_length(runs, position, baseline),
+    }
+
+
+def _likelihood_fields(run: RunResult) -> dict:
+    """A run's likelihood headlines (``answer_kl``, ...), their intervals' ends (``answer_kl_low``, ...) and
+    ``likelihood_n``; None where the run has none."""
+    return {
+        **{name: run.likelihood.get(name) for name in LIKELIHOOD_FIELDS},
+        **{
+            f"{name}_{end}": getattr(run.likelihood_intervals.get(name), end, None)
+            for name in LIKELIHOOD_FIELDS
+            for end in ("low", "high")
+        },
+        "likelihood_n": run.likelihood.get("n"),
+    }
+
+
+def _task_records(run: RunResult, common: dict) -> list[dict]:
+    """A record per task of ``run``, by task name: ``common`` and the task's figures; a run without tasks still
+    gets one, task None, so that it keeps its row."""
+    likelihood = run.likelihood.get("tasks", {})
+    records = []
+    for task, values in sorted(run.tasks.items()) or [(None, {})]:
+        means = likelihood.get(task, {})
+        task_likelihood = {f"task_{name}": means.get(name) for name in LIKELIHOOD_FIELDS}
+        task_figures = {"task_score": values.get("score"), "task_n": values.get("n", 0), **task_likelihood}
+        records.append({**common, "task": task, **task_figures, "task_likelihood_n": means.get("n")})
+    return records
+
+
+def _column_types() -> dict:
+    """The dtype of each numeric column of :func:`runs_frame`: nullable Int64 for counts and positions, float for
+    figures, so that a missing value is NA or NaN rather than None in an object column."""
     # Scores are floats, NaN where a benchmark gives none (ZeroSCROLLS): tables show "-", plots draw nothing.
     numbers = {"baseline": "Int64", "contexts": "Int64", "task_n": "Int64", "score": float, "task_score": float}
     numbers |= {"cr": float, "ratio": float, "budget": float}  # NaN where the other decides what is kept
@@ -116,7 +143,7 @@ def runs_frame(runs: Sequence[RunResult]) -> pd.DataFrame:
     numbers |= {column: float for column in [*likelihood_columns, *(f"task_{name}" for name in LIKELIHOOD_FIELDS)]}
     numbers |= {"likelihood_n": "Int64", "task_likelihood_n": "Int64", "answer_length_n": "Int64"}
     numbers |= dict.fromkeys(DRIFT_FIELDS, float)
-    return labelled(pd.DataFrame.from_records(records).astype(numbers))
+    return numbers
 
 
 def labelled(frame: pd.DataFrame) -> pd.DataFrame:

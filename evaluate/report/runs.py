@@ -17,10 +17,10 @@ from tqdm.auto import tqdm
 from evaluate import rundir
 from evaluate.benchmarks import Benchmark
 from evaluate.cost_schema import COST_KEYS
-from evaluate.keys import NON_RESULT_KEYS, RECORDED_DEFAULTS, TURN_DEFAULTS, without_single_turn
 from evaluate.score.baseline import NO_PRESS, is_baseline
 from evaluate.score.bootstrap import Interval, NoInterval, headline_interval, mean_interval
 from evaluate.score.likelihood import FIELDS, row_fields
+from evaluate.settings import NON_RESULT_KEYS, RECORDED_DEFAULTS, TURN_DEFAULTS, without_single_turn
 
 logger = logging.getLogger(__name__)
 

@@ -22,40 +22,24 @@ from transformers.utils import logging as transformers_logging
 
 from evaluate import rundir
 from evaluate.engine.attention import HALF_PRECISION, why_not_pooled
+from evaluate.engine.context_budget import check_budget_fits, check_generation_fits, context_budget, context_cap
 from evaluate.engine.decoding_pool import decode_memory_bytes
-from evaluate.engine.pipeline_engine import (
-    PipelineEngine,
-    check_budget_fits,
-    check_generation_fits,
-    context_budget,
-    context_cap,
-)
+from evaluate.engine.engine import Engine
+from evaluate.engine.pipeline_engine import PipelineEngine
 from evaluate.engine.pool_engine import PoolEngine
 from evaluate.engine.requests import AnsweredGroup, Prefilled
 from evaluate.errors import ConfigError, RunIncomplete, exit_code, fail, refuse, stop_on_signals
 from evaluate.models.loading import Models, prepare_model, warn_if_unpatched, weights_bytes
-from evaluate.points.config import (
-    compresses,
-    decoding_target,
-    described_press,
-    effective_cr,
-    method_name,
-    refuse_knobs_no_point_reads,
-    refuse_unread_cr,
-    refuse_unread_knobs,
-    unread_settings,
-    validate,
-    validate_choices,
-)
+from evaluate.points.config import described, validate_choices
 from evaluate.points.plan import Plan
-from evaluate.points.point import Point, PointSpec, resolve
+from evaluate.points.point import PointSpec
 from evaluate.points.press_traits import (
     changes_the_model,
     decoding_part,
     selects_by_position,
     why_not_shared_prefill,
 )
-from evaluate.points.settings import typed
+from evaluate.points.resolve import checked
 from evaluate.run.planning import make_plan
 from evaluate.run.recorder import AnsweringClock, Recorder, describe
 from evaluate.run.summary import failed_samples, interrupted_summary, run_summary, sweep_summary, waiting_summary
@@ -143,95 +127,12 @@ def each_warning_once() -> Iterator[None]:
             handler.removeFilter(first)
 
 
-def checked(cfgs: Sequence[DictConfig], single: bool = False) -> list[Point]:
-    """Each configuration typed, checked (every check that needs no model) and resolved, once: a ConfigError for the
-    first that fails, or for two points that are one run (a sweep would run it twice, or race itself). Every
-    launcher calls it for every point before any runs; ``single`` also refuses a knob the run's entry does not read."""
-    cfgs = [typed(cfg) for cfg in cfgs]  # overwrite=no is false, query_aware=maybe is refused
-    for cfg in cfgs:
-        validate(cfg)
-        if single:
-            refuse_unread_knobs(cfg)
-    refuse_knobs_no_point_reads(cfgs)
-    targets = [cfg for cfg in cfgs if decoding_target(cfg) is not None]
-    if targets and not any(compresses(cfg) and effective_cr(cfg) is not None for cfg in cfgs):
-        refuse_unread_cr(targets[0])  # no point of the sweep reads its cr
-    points = [Point(cfg, resolve(cfg)) for cfg in cfgs]
-    _warn_ignored_cr(cfgs)
-    _warn_unread_knobs(cfgs)
-    directories = [point.spec.out for point in points]
-    # press=none, and a decoding-time press, is one run at any cr, and a registry entry at any value of a knob it
-    # does not read: a sweep over them runs it once (run_points).
-    duplicates = {
-        str(p.spec.out)
-        for p in points
-        if directories.count(p.spec.out) > 1
-        and compresses(p.cfg)
-        and decoding_target(p.cfg) is None
-        and not unread_settings(p.cfg)
-    }
-    if duplicates:
-        raise ConfigError(
-            f"the sweep runs the same configuration twice: {', '.join(sorted(duplicates))}; "
-            "drop the repeats (limit, device and the like make no other run)"
-        )
-    return points
-
-
-def _warn_ignored_cr(cfgs: Sequence[DictConfig]) -> None:
-    """Say which points of a sweep ignore the ratios it gives: press=none (run once, at cr=0, the baseline) and the
-    decoding-time presses (run once, at their target)."""
-    uncompressed = [cfg for cfg in cfgs if not compresses(cfg)]
-    given = {
-        "cr": sorted({float(cfg.cr) for cfg in uncompressed if cfg.cr > 0}),
-        "budget": sorted({cfg.budget for cfg in uncompressed if cfg.get("budget") is not None}),
-    }
-    ignored = [f"{key}={','.join(f'{value:g}' for value in values)}" for key, values in given.items() if values]
-    if ignored:
-        logger.warning(
-            "press=none compresses nothing: %s %s ignored and %s",
-            " and ".join(ignored),
-            "is" if len(ignored) == 1 else "are",
-            "the sweep runs it once, at cr=0, as the baseline of its points"
-            if len(cfgs) > 1
-            else "the run is recorded at cr=0",
-        )
-    targets = {method_name(cfg): cfg for cfg in cfgs if decoding_target(cfg) is not None}
-    ratios = sorted({float(cfg.cr) for cfg in cfgs if decoding_target(cfg) is not None})
-    if len(ratios) > 1:
-        logger.warning(
-            "%s keep%s target_size pairs while decoding and read no cr: cr=%s is ignored and the sweep runs each "
-            "once (their axes are target_size= and compression_interval=)",
-            ", ".join(targets),
-            "s" if len(targets) == 1 else "",
-            ",".join(f"{ratio:g}" for ratio in ratios),
-        )
-
-
-def _warn_unread_knobs(cfgs: Sequence[DictConfig]) -> None:
-    """Say which registry entries of a sweep read none of the values it gives a knob (knorm in a sweep over
-    target_size=256,512): each runs once."""
-    values: dict[tuple[str, str], set] = {}
-    for cfg in cfgs:
-        for knob in unread_settings(cfg):
-            values.setdefault((method_name(cfg), knob), set()).add(cfg.get(knob))
-    for (method, knob), given in sorted(values.items()):
-        if len(given) > 1:
-            logger.warning(
-                "%s reads no %s: %s=%s is ignored and the sweep runs it once",
-                method,
-                knob,
-                knob,
-                ",".join(f"{value:g}" for value in sorted(given)),
-            )
-
-
 def run_sweep(cfgs: Sequence[DictConfig], single: bool = False) -> list[dict | None]:
     """Run (or resume) every configuration, each checked first (:func:`checked`); see :func:`run_points`."""
     return run_points(checked(cfgs, single), single)
 
 
-def run_points(points: Sequence[Point], single: bool = False) -> list[dict | None]:
+def run_points(specs: Sequence[PointSpec], single: bool = False) -> list[dict | None]:
     """Run (or resume) every checked point; return their metrics in order (None for a point left to another).
 
     A launcher that checked its points (:func:`checked`) hands them here, so nothing is checked twice. A
@@ -243,7 +144,6 @@ def run_points(points: Sequence[Point], single: bool = False) -> list[dict | Non
     """
     # Our own bars track the runs; per-tensor loading bars would bury them.
     transformers_logging.disable_progress_bar()
-    specs = [point.spec for point in points]
     directories = [spec.out for spec in specs]
     models = Models()
     metrics: dict[int, dict] = {}
@@ -256,7 +156,7 @@ def run_points(points: Sequence[Point], single: bool = False) -> list[dict | Non
             held.enter_context(stop_on_signals())
             held.enter_context(each_warning_once())
             for indices in _lock_by_model(specs, held, single, skipped).values():
-                recorders = _run_on_one_model([points[index] for index in indices], models)
+                recorders = _run_on_one_model([specs[index] for index in indices], models)
                 metrics.update(zip(indices, (recorder.close() for recorder in recorders), strict=True))
                 incomplete += [
                     f"{recorder.plan.out}: {recorder.unanswered} samples ({recorder.environment_error})"
@@ -333,29 +233,31 @@ def command(
     (Hydra's), run the points, print their closing lines, and end the process as docs/configuration.md documents
     each way a run ends (``refused`` undoes what the launcher made before a refusal: its sweep folder; a single
     run's summary suggests commands that keep its command line's ``overrides``)."""
+    specs: list[PointSpec] = []
     try:
         for chosen in choices:
             validate_choices(chosen)
-        metrics = run_sweep(cfgs, single)
+        specs = checked(cfgs, single)
+        metrics = run_points(specs, single)
     except ConfigError as error:
         refused()
         refuse(error)
     except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM: what was kept and how to resume, not a traceback
-        print(interrupted_summary(cfgs), file=sys.stderr)
+        print(interrupted_summary(specs), file=sys.stderr)
         sys.exit(exit_code(interrupt))
     except RunIncomplete as error:
         fail(error)
     except OSError as error:  # the disk or the system failed the run's own writes
         fail(OSError(f"{describe(error)}; the run directory keeps what was written: fix it and rerun the same command"))
     if single and metrics[0] is None:  # a shard whose point waits for the other shards
-        print(waiting_summary(cfgs, metrics))
+        print(waiting_summary(specs, metrics))
     elif single:
-        print(run_summary(cfgs[0], metrics[0], overrides))
+        print(run_summary(specs[0], metrics[0], overrides))
         failed, samples = failed_samples(metrics[0])
         if samples and failed == samples:  # nothing was answered: a broken configuration, not a score of 0
             sys.exit(1)
     else:
-        print(sweep_summary(cfgs, metrics))
+        print(sweep_summary(specs, metrics))
     return metrics
 
 
@@ -364,11 +266,11 @@ def run(cfg: DictConfig) -> dict:
     return run_sweep([cfg], single=True)[0]
 
 
-def _run_on_one_model(points: list[Point], models: Models) -> list[Recorder]:
-    if any(changes_the_model(described_press(point.cfg)) for point in points):
+def _run_on_one_model(specs: list[PointSpec], models: Models) -> list[Recorder]:
+    if any(changes_the_model(described(spec.press)) for spec in specs):
         models = Models()  # its own model and tokenizer, changed for this configuration alone (config.model_key)
-    tokenizer = models.tokenizer(instantiate(points[0].cfg.model.source))
-    recorders = [Recorder(make_plan(point, tokenizer), point.cfg) for point in points]
+    tokenizer = models.tokenizer(instantiate(specs[0].model_source))
+    recorders = [Recorder(make_plan(spec, tokenizer)) for spec in specs]
     pending = [recorder for recorder in recorders if recorder.plan.todo]
     for recorder in pending:  # the tokenizer counts the contexts as the model will receive them
         check_budget_fits(recorder.plan, tokenizer)
@@ -419,7 +321,9 @@ def _answer(pending: list[Recorder], model, tokenizer) -> None:
     # Both engines are asked the same way, for the points they serve with their context budgets; kvpress's pipeline
     # answers one point after the other, each under its own progress bar and clock.
     pipeline = PipelineEngine(model, tokenizer)
-    batches = [(pipeline, [r], r.plan.out.name) for r in pending if r.path == "pipeline"]
+    batches: list[tuple[Engine, list[Recorder], str]] = [
+        (pipeline, [r], r.plan.out.name) for r in pending if r.path == "pipeline"
+    ]
     if in_pool:
         pool = PoolEngine(
             model,

@@ -12,15 +12,9 @@ from evaluate import rundir
 from evaluate.benchmarks import Sample
 from evaluate.benchmarks.selection import load_samples
 from evaluate.errors import ConfigError
-from evaluate.points.config import (
-    build_press,
-    press_sources,
-    validate_budget,
-    validate_context_lengths,
-    warn_uncompressed_decoding,
-)
+from evaluate.points.config import build_press, validate_budget, validate_context_lengths, warn_uncompressed_decoding
 from evaluate.points.plan import Plan, context_id
-from evaluate.points.point import Point
+from evaluate.points.point import PointSpec
 from evaluate.score.answer_length import TOKENS
 
 
@@ -55,11 +49,10 @@ def check_same_samples(out: Path, rows: list[dict], samples: list[Sample]) -> No
         )
 
 
-def previous_rows(point: Point) -> list[dict]:
+def previous_rows(spec: PointSpec) -> list[dict]:
     """The rows earlier sessions of this run left, a shard's included, that this session keeps; refuses another
     configuration's. Only this process's own file is repaired (its torn last line cut): another shard may be
     appending to its own."""
-    cfg, spec = point.cfg, point.spec
     out, run_fingerprint = spec.out, spec.fingerprint
     if spec.overwrite:
         return []
@@ -70,7 +63,7 @@ def previous_rows(point: Point) -> list[dict]:
             "or output_dir=... to keep both"
         )
     answered_with = (recorded or {}).get("sources") or {}
-    sources = press_sources(cfg) if answered_with else {}
+    sources = spec.press_sources if answered_with else {}
     changed = sorted(name for name in set(sources) | set(answered_with) if sources.get(name) != answered_with.get(name))
     if changed:
         name = changed[0]
@@ -85,13 +78,12 @@ def previous_rows(point: Point) -> list[dict]:
     return [row for row in rows if not row.get("error")] if spec.retry_errors else rows
 
 
-def make_plan(point: Point, tokenizer) -> Plan:
+def make_plan(spec: PointSpec, tokenizer) -> Plan:
     """Plan a resolved point (``run_sweep`` checks every point before it locks any run directory), its run
     directory locked by the caller: the checks that need the tokenizer and the samples run here."""
-    cfg, spec = point.cfg, point.spec
     out = spec.out
-    benchmark = instantiate(cfg.benchmark)
-    samples = load_samples(benchmark, tokenizer, cfg.fraction, cfg.limit, spec.seed)
+    benchmark = instantiate(spec.benchmark)
+    samples = load_samples(benchmark, tokenizer, spec.fraction, spec.limit, spec.seed)
     if spec.max_new_tokens is not None:
         # kvpress's max_new_tokens: the run's value instead of each row's, so the rows record it and resuming checks it.
         samples = [replace(sample, max_new_tokens=spec.max_new_tokens) for sample in samples]
@@ -99,16 +91,16 @@ def make_plan(point: Point, tokenizer) -> Plan:
     questions = {s.id: len(tokenizer.encode(s.question, add_special_tokens=False)) for s in samples}
     question_tokens = max(questions.values())
     shortest_context = min(context_tokens.values()) + (question_tokens if spec.query_aware else 0)
-    validate_context_lengths(cfg, shortest_context)
-    validate_budget(cfg, shortest_context)
+    validate_context_lengths(spec, shortest_context)
+    validate_budget(spec, shortest_context)
     longest_row = max(context_tokens[s.context] + questions[s.id] + s.max_new_tokens for s in samples)
-    warn_uncompressed_decoding(cfg, longest_row, question_tokens, max(s.max_new_tokens for s in samples))
+    warn_uncompressed_decoding(spec, longest_row, question_tokens, max(s.max_new_tokens for s in samples))
     if spec.turns == "multi" and any(sample.conversation is None for sample in samples):
         raise ConfigError(
             f"turns=multi asks a conversation's turns on one cache, and {benchmark.name}'s samples have no turns; "
             "use benchmark=ruler_synth benchmark.turns=K (K >= 2) or benchmark=scbench, or drop turns=multi"
         )
-    kept = previous_rows(point)
+    kept = previous_rows(spec)
     check_same_samples(out, kept, samples)
     done = {row["id"] for row in kept}
     contexts = spec.shard.contexts(sample.context for sample in samples)
@@ -116,8 +108,8 @@ def make_plan(point: Point, tokenizer) -> Plan:
     return Plan(
         spec=spec,
         benchmark=benchmark,
-        source=instantiate(cfg.model.source),
-        press=build_press(cfg),
+        source=instantiate(spec.model_source),
+        press=build_press(spec),
         samples=tuple(samples),
         kept_rows=tuple(kept),
         share=share,

@@ -19,14 +19,12 @@ from datetime import datetime, timezone
 from importlib.metadata import version
 
 import torch
-from omegaconf import DictConfig
 
 from evaluate import rundir
 from evaluate.cost_schema import RunCost
 from evaluate.engine.cost import Cost
 from evaluate.engine.requests import AnsweredGroup
 from evaluate.errors import ConfigError
-from evaluate.points.config import decoding_target, press_sources, recorded_config
 from evaluate.points.plan import Plan
 from evaluate.points.shard import Shard
 from evaluate.run.planning import sample_identity
@@ -182,8 +180,9 @@ class AnsweringClock:
         return elapsed * stats.session_seconds / total if total else 0.0
 
 
-def config_record(plan: Plan, cfg: DictConfig) -> dict:
-    target = decoding_target(cfg)
+def config_record(plan: Plan) -> dict:
+    """config.yaml: what the run is, as the readers of a results tree and a resume read it."""
+    target = plan.spec.decoding_target
     return {
         "method": plan.spec.method,
         "compression_ratio": plan.spec.effective_cr,
@@ -194,22 +193,22 @@ def config_record(plan: Plan, cfg: DictConfig) -> dict:
         "fingerprint": plan.spec.fingerprint,
         "press": repr(plan.press),
         # The code of a press defined outside kvpress and PressBench, which no version above identifies.
-        **({"sources": sources} if (sources := press_sources(cfg)) else {}),
+        **({"sources": sources} if (sources := plan.spec.press_sources) else {}),
         "device": plan.spec.device,
         "versions": {
             "python": sys.version.split()[0],
             **{name: version(name) for name in ("torch", "transformers", "kvpress", "pressbench")},
         },
         # The attention that ran, where the config left it to kvpress's rule (null).
-        "config": {**recorded_config(cfg), "attn_implementation": plan.spec.attention},
+        "config": {**plan.spec.recorded, "attn_implementation": plan.spec.attention},
     }
 
 
 class Recorder:
     """Writes one planned run: starts its session, records each answered context, closes it with its metrics."""
 
-    def __init__(self, plan: Plan, cfg: DictConfig):
-        self.plan, self.cfg = plan, cfg
+    def __init__(self, plan: Plan):
+        self.plan = plan
         self.shard = plan.spec.shard
         if self.shard.whole:
             self.predictions, self.record_path = plan.out / rundir.PREDICTIONS, plan.out / rundir.RUN
@@ -259,11 +258,11 @@ class Recorder:
         elif plan.spec.retry_errors:
             # The plan dropped the failed rows: the file keeps only what the plan kept.
             rundir.rewrite_predictions(self.predictions, plan.kept_rows)
-        rundir.write_yaml(plan.out / rundir.CONFIG, config_record(plan, self.cfg))
+        rundir.write_yaml(plan.out / rundir.CONFIG, config_record(plan))
         self.stats = RunStats.resume(rundir.read_json(self.record_path))
         self._write_run("running")
         self._update_point()
-        self.tracker = Tracker.from_config(self.cfg, plan.out.name)
+        self.tracker = Tracker.from_spec(plan.spec)
 
     def _fold_shards(self) -> None:
         """A whole run takes over what shards left (this process holds the directory alone): their rows into
@@ -487,6 +486,28 @@ class Recorder:
             with rundir.merging(self.plan.out):
                 rundir.write_json(self.plan.out / rundir.RUN, self._sharded_record(self.plan.out))
 
+    def _waiting_state(self, missing: list, records: dict[str, dict], live: set[str], base: dict) -> dict:
+        """What run.json says of a sharded point with samples ``missing``: how many, which shards hold them, and each
+        shard's own state (``live``: the shards still running)."""
+        samples = self.plan.samples
+        unanswered_contexts = {sample.context for sample in missing}
+        shards = [
+            shard
+            for shard in (Shard(index, self.shard.count) for index in range(self.shard.count))
+            if shard.contexts(sample.context for sample in samples) & unanswered_contexts
+        ]
+        return {
+            "unanswered": len(missing),
+            "error": f"shards {', '.join(map(str, shards))} have samples unanswered"
+            + ("" if live else "; run each again with shard=INDEX/COUNT, or the point in one process"),
+            "shards": {
+                name: {key: record.get(key) for key in ("status", "samples", "samples_expected", "updated_at")}
+                | ({"running": True} if name in live else {})
+                for name, record in records.items()
+            },
+            "unsharded": base,
+        }
+
     def _sharded_record(self, out, rows: list[dict] | None = None) -> dict:
         """run.json of a point that shards answer: what the whole runs before them recorded (``unsharded``) plus
         every shard's sessions; its status says whether every sample is answered, a shard still runs, or which
@@ -509,23 +530,7 @@ class Recorder:
         state = {}
         if missing:
             status = "running" if live else "incomplete"
-            unanswered_contexts = {sample.context for sample in missing}
-            shards = [
-                shard
-                for shard in (Shard(index, self.shard.count) for index in range(self.shard.count))
-                if shard.contexts(sample.context for sample in plan.samples) & unanswered_contexts
-            ]
-            state = {
-                "unanswered": len(missing),
-                "error": f"shards {', '.join(map(str, shards))} have samples unanswered"
-                + ("" if live else "; run each again with shard=INDEX/COUNT, or the point in one process"),
-                "shards": {
-                    name: {key: record.get(key) for key in ("status", "samples", "samples_expected", "updated_at")}
-                    | ({"running": True} if name in live else {})
-                    for name, record in records.items()
-                },
-                "unsharded": base,
-            }
+            state = self._waiting_state(missing, records, live, base)
         else:
             status = rundir.FINISHED[1] if errors else rundir.FINISHED[0]
         every = [base, *records.values()]

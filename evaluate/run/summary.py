@@ -8,16 +8,14 @@ from pathlib import Path
 
 import pandas as pd
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
 
 from evaluate import rundir
-from evaluate.keys import NON_RESULT_KEYS, RUNNER_KNOBS
-from evaluate.points.config import decoding_target, effective_budget, effective_cr, kept_text, method_name, run_dir
-from evaluate.points.shard import resolve_shard
+from evaluate.points.point import PointSpec
 from evaluate.report.runs import flatten
 from evaluate.score.answer_length import drift_metrics
 from evaluate.score.baseline import find_baseline
 from evaluate.score.turns import SCORE_BY_TURN
+from evaluate.settings import NON_RESULT_KEYS, RUNNER_KNOBS
 
 # Overrides that choose the press (its runner knobs included); the uncompressed run of the same samples drops them.
 PRESS_OVERRIDES = (
@@ -40,15 +38,15 @@ def _last_of_each_key(overrides: Sequence[str]) -> list[str]:
     return list(last.values())
 
 
-def uncompressed_score(cfg: DictConfig, sample_ids: set[str]) -> tuple[float, Path, list[dict]] | None:
+def uncompressed_score(spec: PointSpec, sample_ids: set[str]) -> tuple[float, Path, list[dict]] | None:
     """The headline this run's uncompressed baseline (evaluate/score/baseline.py) under ``output_dir`` gives on
     exactly these samples, its directory and its rows; None when no run there is its baseline."""
-    config = (rundir.read_yaml(run_dir(cfg) / rundir.CONFIG) or {}).get("config", {})
-    found = find_baseline(Path(cfg.output_dir), config, sample_ids)
+    config = (rundir.read_yaml(spec.out / rundir.CONFIG) or {}).get("config", {})
+    found = find_baseline(Path(spec.output_dir), config, sample_ids)
     if found is None:
         return None
     same = [row for row in found[1] if row["id"] in sample_ids]
-    return instantiate(cfg.benchmark).score(same)["score"], found[0], same
+    return instantiate(spec.benchmark).score(same)["score"], found[0], same
 
 
 def answer_length_line(rows: list[dict], baseline_rows: list[dict]) -> list[str]:
@@ -74,19 +72,19 @@ def turn_line(metrics: dict) -> list[str]:
     return ["score by turn: " + ", ".join(f"{turn} → {score:.2f}" for turn, score in scores.items())]
 
 
-def decoding_line(cfg: DictConfig, record: dict) -> list[str]:
+def decoding_line(spec: PointSpec, record: dict) -> list[str]:
     """The line on whether a decoding-time press compressed (run.json's ``decoding``, evaluate/score/decoding.py)."""
     counted = record.get("decoding")
     if not counted:
         return []
-    target_size, interval = decoding_target(cfg)
+    target_size, interval = spec.decoding_target
     if counted["rows_compressed"] == 0:
         return [
-            f"{method_name(cfg)} never compressed: no answer's cache outgrew target_size={target_size} at a "
+            f"{spec.method} never compressed: no answer's cache outgrew target_size={target_size} at a "
             f"compression (every {interval} steps), so its answers ({counted['rows']}) are the uncompressed model's; "
             "lower target_size or compression_interval"
         ]
-    return [f"{method_name(cfg)} compressed {counted['rows_compressed']} of {counted['rows']} answers"]
+    return [f"{spec.method} compressed {counted['rows_compressed']} of {counted['rows']} answers"]
 
 
 def likelihood_summary(likelihood: dict) -> str:
@@ -97,16 +95,16 @@ def likelihood_summary(likelihood: dict) -> str:
     )
 
 
-def run_summary(cfg: DictConfig, metrics: dict, overrides: Sequence[str] = ()) -> str:
+def run_summary(spec: PointSpec, metrics: dict, overrides: Sequence[str] = ()) -> str:
     """The lines a single run ends with; ``overrides`` are its command line's (the commands it suggests keep them)."""
-    out = run_dir(cfg)
+    out = spec.out
     rows = rundir.read_predictions(out / rundir.PREDICTIONS)
     kept = [row["kept_ratio"] for row in rows if row.get("kept_ratio") is not None]
-    method = method_name(cfg)
-    at = kept_text(cfg) if effective_cr(cfg) is None else f"cr {kept_text(cfg)}"  # budget=64, target_size=.., cr 0.50
+    method = spec.method
+    at = spec.kept_text if spec.effective_cr is None else f"cr {spec.kept_text}"  # budget=64, target_size=.., cr 0.50
     record = rundir.read_json(out / rundir.RUN) or {}
     lines = [
-        f"{method} at {at} on {cfg.benchmark.name} ({cfg.model.name}, {len(rows)} samples): "
+        f"{method} at {at} on {spec.benchmark_name} ({spec.model_name}, {len(rows)} samples): "
         + ", ".join(
             [
                 *([f"score {metrics['score']}"] if metrics.get("score") is not None else []),
@@ -116,7 +114,7 @@ def run_summary(cfg: DictConfig, metrics: dict, overrides: Sequence[str] = ()) -
         )
     ]
     lines += turn_line(metrics)
-    lines += decoding_line(cfg, record)
+    lines += decoding_line(spec, record)
     if note := (record.get("answered_by") or {}).get("note"):
         lines.append(f"answered from the pool: {note}")
     failed = [row["error"] for row in rows if row.get("error")]
@@ -129,7 +127,7 @@ def run_summary(cfg: DictConfig, metrics: dict, overrides: Sequence[str] = ()) -
     # A shard's share is no run of its own: the commands it suggests are for the whole point.
     others = [override for override in overrides if not override.startswith((*PRESS_OVERRIDES, "shard="))]
     if method != "no_press":
-        found = uncompressed_score(cfg, {row["id"] for row in rows})
+        found = uncompressed_score(spec, {row["id"] for row in rows})
         if found is not None:
             lines.append(f"uncompressed, same samples: score {found[0]} ({found[1]})")
             lines += answer_length_line(rows, found[2])
@@ -139,23 +137,23 @@ def run_summary(cfg: DictConfig, metrics: dict, overrides: Sequence[str] = ()) -
     lines.append(f"files: {out}/ (predictions.jsonl, metrics.json, run.json, config.yaml)")
     # The sweep suggested is the run's own press, its knobs included, at more ratios (or budgets, or targets); an
     # uncompressed run's sweeps two presses that compress.
-    axis = _sweep_axis(cfg)
+    axis = _sweep_axis(spec)
     press = [o for o in overrides if o.startswith(PRESS_OVERRIDES) and not o.startswith(f"{axis.partition('=')[0]}=")]
     if method == "no_press":
         press = ["press=chunkkv,eg_chunkkv"]
-    report = shlex.quote(str(cfg.output_dir))
+    report = shlex.quote(str(spec.output_dir))
     lines.append(f"next: python -m evaluate.report {report}   (tables and plots of every run)")
     sweep = shlex.join(["-m", *press, *others, axis])
     lines.append(f"      python -m evaluate {sweep}   (a sweep: one model load, one prefill per context)")
     return "\n".join(lines)
 
 
-def _sweep_axis(cfg: DictConfig) -> str:
+def _sweep_axis(spec: PointSpec) -> str:
     """The axis the suggested sweep runs along: a budget run's budgets (cr beside a budget is refused), a
     decoding-time press's targets (it reads no cr), else ratios."""
-    if effective_budget(cfg) is not None:
+    if spec.budget is not None:
         return "budget=64,256,1024"
-    target = decoding_target(cfg)
+    target = spec.decoding_target
     if target is not None:
         return f"target_size={','.join(str(max(1, target[0] // 4**step)) for step in (2, 1, 0))}"
     return "cr=0.5,0.7,0.9"
@@ -166,9 +164,9 @@ def failed_samples(metrics: dict) -> tuple[int, int]:
     return int(metrics.get("n_errors", 0)), sum(int(task.get("n", 0)) for task in metrics["tasks"].values())
 
 
-def _settings(cfg: DictConfig) -> dict[str, str]:
+def _settings(spec: PointSpec) -> dict[str, str]:
     """A point's result settings but the press and ratio (its method names those), flattened to dotted keys."""
-    data = OmegaConf.to_container(cfg, resolve=True)
+    data = spec.recorded
     left_out = {*NON_RESULT_KEYS, "cr", "budget", "press", "scorer"}
     kept = {key: value for key, value in data.items() if key not in left_out}
     return {key: str(value) for key, value in flatten(kept).items()}
@@ -192,25 +190,25 @@ def _kept_order(kept: str) -> tuple[int, float]:
     return kind, float(re.search(r"[\d.]+", kept).group())
 
 
-def _axis_name(cfg: DictConfig) -> str:
-    if effective_budget(cfg) is not None:
+def _axis_name(spec: PointSpec) -> str:
+    if spec.budget is not None:
         return "budget"
-    return "cr" if decoding_target(cfg) is None else "target_size"
+    return "cr" if spec.decoding_target is None else "target_size"
 
 
-def sweep_summary(cfgs: Sequence[DictConfig], metrics: Sequence[dict | None]) -> str:
+def sweep_summary(specs: Sequence[PointSpec], metrics: Sequence[dict | None]) -> str:
     """The lines a sweep ends with: every point's headline in one method x cr table (rows also split by any other
     setting the points differ in; '-' for a point left to another process), then the points whose samples failed."""
-    settings = pd.DataFrame([_settings(cfg) for cfg in cfgs])
+    settings = pd.DataFrame([_settings(spec) for spec in specs])
     differing = [key for key in settings.columns if settings[key].nunique(dropna=False) > 1]
     # press=none at several ratios is one run, one cell.
     points = (
         settings[differing]
         .assign(
-            method=[method_name(cfg) for cfg in cfgs],
-            cr=[kept_text(cfg) for cfg in cfgs],
+            method=[spec.method for spec in specs],
+            cr=[spec.kept_text for spec in specs],
             score=[_headline(result) for result in metrics],
-            run=[run_dir(cfg) for cfg in cfgs],
+            run=[spec.out for spec in specs],
         )
         .drop_duplicates("run")
     )
@@ -222,29 +220,29 @@ def sweep_summary(cfgs: Sequence[DictConfig], metrics: Sequence[dict | None]) ->
     shown = {(True, True): "score (answer KL)", (True, False): "score", (False, True): "answer KL"}.get(
         (scored, with_kl), "score"
     )
-    axes = {_axis_name(cfg) for cfg in cfgs}
+    axes = {_axis_name(spec) for spec in specs}
     axis = table.columns.name = " or ".join(name for name in ("cr", "budget", "target_size") if name in axes)
-    lines = [f"sweep of {len(cfgs)} points, {shown} by method and {axis}:", table.fillna("").to_string()]
+    lines = [f"sweep of {len(specs)} points, {shown} by method and {axis}:", table.fillna("").to_string()]
     failed = []
     for index in points.index:
-        cfg, result = cfgs[index], metrics[index]
+        spec, result = specs[index], metrics[index]
         errors, samples = failed_samples(result) if result is not None else (0, 0)
         if errors:
-            rows = rundir.read_predictions(run_dir(cfg) / rundir.PREDICTIONS)
+            rows = rundir.read_predictions(spec.out / rundir.PREDICTIONS)
             first = next(row["error"] for row in rows if row.get("error"))
-            failed.append(f"  {run_dir(cfg)}: {errors} of {samples} samples failed; the first: {first}")
+            failed.append(f"  {spec.out}: {errors} of {samples} samples failed; the first: {first}")
     if failed:
         lines += [f"{len(failed)} points had failed samples (rerun with retry_errors=true to answer them again):"]
         lines += failed
-    lines += _decoding_notes([cfgs[index] for index in points.index])
-    waiting = waiting_summary(cfgs, metrics)
+    lines += _decoding_notes([specs[index] for index in points.index])
+    waiting = waiting_summary(specs, metrics)
     return "\n".join([*lines, *([waiting] if waiting else [])])
 
 
-def _decoding_notes(cfgs: Sequence[DictConfig]) -> list[str]:
+def _decoding_notes(specs: Sequence[PointSpec]) -> list[str]:
     """A sweep's decoding-time points that never compressed, and those whose pooled answers may part from
     kvpress's batch of one (each point's run.json)."""
-    records = {run_dir(cfg): rundir.read_json(run_dir(cfg) / rundir.RUN) or {} for cfg in cfgs}
+    records = {spec.out: rundir.read_json(spec.out / rundir.RUN) or {} for spec in specs}
     never = [str(out) for out, record in records.items() if (record.get("decoding") or {}).get("rows_compressed") == 0]
     noted = [out for out, record in records.items() if (record.get("answered_by") or {}).get("note")]
     lines = []
@@ -262,30 +260,32 @@ def _decoding_notes(cfgs: Sequence[DictConfig]) -> list[str]:
     return lines
 
 
-def waiting_summary(cfgs: Sequence[DictConfig], metrics: Sequence[dict | None]) -> str:
+def waiting_summary(specs: Sequence[PointSpec], metrics: Sequence[dict | None]) -> str:
     """The points that wait for other shards (evaluate/points/shard.py), each with the shards whose samples are
     missing and whether they still run, as its run.json says; empty when none waits."""
     lines = []
-    for cfg, result in zip(cfgs, metrics, strict=True):
-        record = rundir.read_json(run_dir(cfg) / rundir.RUN) or {}
+    for spec, result in zip(specs, metrics, strict=True):
+        record = rundir.read_json(spec.out / rundir.RUN) or {}
         if result is None and "shards" in record:
-            lines.append(f"  {run_dir(cfg)}: {record['status']}, {record['unanswered']} samples: {record['error']}")
+            lines.append(f"  {spec.out}: {record['status']}, {record['unanswered']} samples: {record['error']}")
     if not lines:
         return ""
     return "\n".join([f"{len(lines)} points wait for other shards (the last shard to finish scores each):", *lines])
 
 
-def session_record(cfg: DictConfig) -> Path:
-    """The file this process's sessions of ``cfg`` are recorded in: run.json, or its shard's own record."""
-    shard = resolve_shard(cfg.get("shard"))
-    return run_dir(cfg) / rundir.RUN if shard.whole else rundir.shard_path(run_dir(cfg), shard.name, ".json")
+def session_record(spec: PointSpec) -> Path:
+    """The file this process's sessions of a point are recorded in: run.json, or its shard's own record."""
+    shard = spec.shard
+    return spec.out / rundir.RUN if shard.whole else rundir.shard_path(spec.out, shard.name, ".json")
 
 
-def interrupted_summary(cfgs: Sequence[DictConfig]) -> str:
+def interrupted_summary(specs: Sequence[PointSpec]) -> str:
     """The one line a run or sweep stopped by Ctrl-C or SIGTERM ends with: what this session answered and kept (the
     session_samples of each run.json; earlier sessions' rows are not its own), and the command that resumes it."""
-    records = [rundir.read_json(session_record(cfg)) or {} for cfg in cfgs]
-    kept = sum(record.get("session_samples", 0) for record in records)
-    where = run_dir(cfgs[0]) if len(cfgs) == 1 else cfgs[0].output_dir
     command = shlex.join(["python", "-m", "evaluate", *sys.argv[1:]])
+    if not specs:  # stopped while its points were checked
+        return f"interrupted before any run started; rerun: {command}"
+    records = [rundir.read_json(session_record(spec)) or {} for spec in specs]
+    kept = sum(record.get("session_samples", 0) for record in records)
+    where = specs[0].out if len(specs) == 1 else specs[0].output_dir
     return f"interrupted: {kept} samples answered and kept in {where}; rerun to resume: {command}"

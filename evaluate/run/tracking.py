@@ -9,16 +9,16 @@ A wandb failure turns the tracker off with a warning, never stopping an evaluati
 unknown mode, is refused before the model loads.
 """
 
+import copy
 import logging
 import random
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
 from evaluate.cost_schema import COST_KEYS
 from evaluate.errors import ConfigError
+from evaluate.points.point import PointSpec
 from evaluate.report.tracking import MODE_VARIABLE, MODES, import_wandb, mode_from_env
 from evaluate.score.bootstrap import sample_scores
 from evaluate.score.likelihood import FIELDS as LIKELIHOOD_FIELDS
@@ -78,29 +78,30 @@ class Tracker:
         return Path(self._run.dir).parent if self._run is not None else None
 
     @classmethod
-    def from_config(cls, cfg: DictConfig, run_name: str) -> "Tracker":
-        """Start a wandb run for ``cfg`` as the ``wandb`` group configures it; disabled when the group is absent."""
-        settings = cfg.get("wandb") or {}
+    def from_spec(cls, spec: PointSpec) -> "Tracker":
+        """Start a wandb run for a point, named after its run directory, as its ``wandb`` group configures it;
+        disabled when the group is absent."""
+        settings = spec.tracking
         mode, chosen_by = tracking_mode(settings)
         if mode == "disabled":
             return cls()
         instead = "wandb.mode=disabled" if chosen_by != MODE_VARIABLE else f"unset {MODE_VARIABLE}, or wandb=disabled"
         wandb = import_wandb(mode, chosen_by, instead)
-        config = OmegaConf.to_container(cfg, resolve=True)
+        config = copy.deepcopy(spec.recorded)
         config["wandb"]["mode"] = mode  # the mode the run is tracked in, where $WANDB_MODE chose it
         run = wandb.init(
             mode=mode,
             project=settings.get("project") or "pressbench",
             entity=settings.get("entity"),
             group=settings.get("group"),
-            job_type=cfg.benchmark.name,
-            name=run_name,
+            job_type=spec.benchmark_name,
+            name=spec.out.name,
             tags=list(settings.get("tags") or []),
             dir=settings.get("dir"),
             config=config,
             reinit="create_new",  # a sequential multirun logs each job to its own run
         )
-        return cls(run, wandb, table_rows=int(settings.get("table_rows", 200)), seed=int(cfg.seed))
+        return cls(run, wandb, table_rows=int(settings.get("table_rows", 200)), seed=spec.seed)
 
     def _safely(self, action, *args) -> None:
         if self._run is None:

@@ -2,7 +2,7 @@
 report (evaluate/report/) pair a run with ``no_press`` by.
 
 A finished ``no_press`` run is the baseline of a run when both recorded the same result settings but the press and
-its ratio (evaluate/keys.py's ``PRESS_KEYS``: press, scorer, cr and the runner's knobs) and the baseline answered
+its ratio (evaluate/settings.py's ``PRESS_KEYS``: press, scorer, cr and the runner's knobs) and the baseline answered
 every sample the run answered: the same data, model, context budget, seed and query-awareness, so that the two
 differ in the compression alone. Any other ``no_press`` run is no baseline of it, however close.
 """
@@ -13,7 +13,7 @@ from functools import cache, partial
 from pathlib import Path
 
 from evaluate import rundir
-from evaluate.keys import NON_RESULT_KEYS, PRESS_KEYS, RECORDED_DEFAULTS, without_single_turn
+from evaluate.settings import NON_RESULT_KEYS, PRESS_KEYS, RECORDED_DEFAULTS, without_single_turn
 
 NO_PRESS = "no_press"
 

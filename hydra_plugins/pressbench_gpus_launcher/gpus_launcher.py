@@ -103,8 +103,8 @@ class GpusLauncher(Launcher):
         # The harness (torch, kvpress) is imported only when a sweep runs: Hydra imports plugins for every command.
         from evaluate.errors import ConfigError, refuse
         from evaluate.points.config import validate_choices
+        from evaluate.points.resolve import checked
         from evaluate.points.shard import Shard
-        from evaluate.run.entry import checked
         from evaluate.rundir import remove_created
 
         setup_globals()
@@ -123,7 +123,7 @@ class GpusLauncher(Launcher):
             for job in jobs:
                 validate_choices(job.sweep_config.hydra.runtime.choices)
             points = checked([OmegaConf.create(job.resolved) for job in jobs])
-            if len(devices) > 1 and any(not point.spec.shard.whole for point in points):
+            if len(devices) > 1 and any(not point.shard.whole for point in points):
                 raise ConfigError("hydra/launcher=gpus shards the sweep over the GPUs itself: drop shard=")
         except ConfigError as error:
             remove_created(self.created)  # and leaves no sweep folder behind
@@ -136,11 +136,7 @@ class GpusLauncher(Launcher):
             try:
                 for number in range(count):
                     device = devices[number] if devices else None
-                    shard = (
-                        [replace(point, spec=replace(point.spec, shard=Shard(number, count))) for point in points]
-                        if count > 1
-                        else points
-                    )
+                    shard = [replace(point, shard=Shard(number, count)) for point in points] if count > 1 else points
                     workers.append(self._start(device, jobs, shard, Path(scratch), log_dir))
                 _wait(workers)
             except BaseException:

@@ -95,7 +95,7 @@ class _Sharded:
         if self.shards is None:
             return super().launch(job_overrides, initial_job_idx)
         from evaluate.errors import ConfigError, refuse
-        from evaluate.run.entry import checked
+        from evaluate.points.resolve import checked
 
         _, task_configs = compose_jobs(self.hydra_context, self.config, job_overrides, initial_job_idx)
         try:  # refused here, in one line, rather than in every array task

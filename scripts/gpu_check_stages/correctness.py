@@ -304,7 +304,7 @@ def check_prefill_probe(device: str) -> tuple[str, str]:
     import torch
     from transformers import DynamicCache
 
-    from evaluate.engine.pipeline_engine import PrefillProbe
+    from evaluate.engine.pipeline_hooks import PrefillProbe
     from evaluate.models.random_models import TinyRandomModel
 
     model = TinyRandomModel().load_model(device, "float32", "sdpa")
@@ -350,8 +350,8 @@ def check_batched_decoding(device: str, dtype: str, smoke: bool) -> tuple[str, s
     """evaluate/engine/decoding_pool.py's pool against kvpress's pipeline one question at a time
     (tests/test_decoding.py's rows: caches of five presses, uneven ChunkKV layers, AdaKV masks, three question
     lengths and budgets)."""
+    from evaluate.engine.context_budget import make_pipeline
     from evaluate.engine.decoding_pool import decode_all
-    from evaluate.engine.pipeline_engine import make_pipeline
     from evaluate.models.layer_masks import fit_masks_to_layers
     from evaluate.models.random_models import TinyRandomModel
     from tests.test_decoding import pipeline_tokens, requests_over_points

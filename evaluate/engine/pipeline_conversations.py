@@ -1,0 +1,132 @@
+"""Conversations on kvpress's pipeline path (``turns=multi``): each conversation asked turn by turn on one cache
+with the pipeline's own steps (evaluate/engine/turns.py says what each turn's input is and what stays of its
+answer)."""
+
+import time
+from collections.abc import Iterator
+from contextlib import nullcontext
+from types import SimpleNamespace
+
+import torch
+from kvpress import DecodingPress
+from transformers import DynamicCache
+
+from evaluate.engine.context_budget import chat_template_enabled, make_pipeline, pipeline_budget
+from evaluate.engine.conversation_inputs import conversation_of
+from evaluate.engine.cost import Cost, kv_bytes, measure_kept_ratio
+from evaluate.engine.decoding_compression import kept_after_answer
+from evaluate.engine.pipeline_hooks import GreedyTokens, PrefillProbe
+from evaluate.engine.requests import AnsweredGroup, hidden_keys
+from evaluate.engine.turns import Conversation
+from evaluate.points.budget import apply_budget
+from evaluate.points.plan import Plan
+from evaluate.points.press_traits import decoding_part
+
+
+def answer_conversations(plan: Plan, model, tokenizer, budget: int) -> Iterator[AnsweredGroup]:
+    """Each conversation of ``plan`` turn by turn on one cache, with kvpress's pipeline's own steps: its tokenization,
+    its prefill under the press, its ``generate_answer`` for each turn (a decoding-time press hooked the while) and
+    its ``_remove_answer_from_cache`` (evaluate/engine/turns.py says what stays of each answer). Yields each turn's
+    answer (point 0) as it is finished; a failure fails the turn and every later turn of its conversation."""
+    pipe = make_pipeline(model, tokenizer, plan.spec.device)
+    tokens = GreedyTokens(pipe, decoding_part(plan.press))
+    probe = PrefillProbe(model)
+    torch.manual_seed(plan.spec.seed)  # as answer_with_pipeline: kvpress's runner seeds once before its run
+    try:
+        for turns in plan.groups():
+            yield from _conversation(plan, pipe, tokens, probe, turns, budget)
+    finally:
+        probe.close()
+
+
+def _conversation(plan: Plan, pipe, tokens: GreedyTokens, probe: PrefillProbe, turns, budget) -> Iterator:
+    model, tokenizer, press = pipe.model, pipe.tokenizer, plan.press
+    asked = plan.asked(turns)
+    probe.reset()
+    tokens.removals = 0
+    answered = 0
+    try:
+        first = turns[0]
+        text = plan.compressed_text(first, plan.context(first, tokenizer, budget))
+        with chat_template_enabled(tokenizer, first.chat_template):
+            question = "" if plan.spec.query_aware else first.question
+            inputs = pipe.preprocess(text, [question], first.answer_prefix, pipeline_budget(plan, tokenizer, budget))
+        conversation = conversation_of(plan, turns, inputs["questions_ids"][0], tokenizer, tokens.stop_ids)
+        context_ids = inputs["context_ids"].to(model.device)
+        context_length = context_ids.shape[1]
+        if plan.spec.budget is not None:
+            apply_budget(press, context_length, plan.spec.budget)
+        cache = DynamicCache()
+        # kvpress's pipeline: the prefill under the press unless it only compresses while decoding.
+        prefill_press = press if press is not None and not isinstance(press, DecodingPress) else None
+        with prefill_press(model) if prefill_press is not None else nullcontext(), torch.no_grad():
+            model.model(input_ids=context_ids, past_key_values=cache)
+        kept_ratio = measure_kept_ratio(model, cache, context_length)
+        prefilled = [SimpleNamespace(keys=layer.keys) for layer in cache.layers]
+        # The context's bytes are counted once per conversation, on its first answered turn, as on the pool's path.
+        held, kept = kv_bytes(model, cache)
+        cost = Cost(prefill_seconds=probe.seconds, forward_passes=probe.forward_passes, prefills=1)
+        cost.kv_bytes_held, cost.kv_bytes_kept = held, kept
+        conversation.start(context_length)
+        decoding = decoding_part(press) is not None
+        with press(model) if decoding else nullcontext(), torch.no_grad():
+            for sample in turns:
+                result, answer, turn_cost = _turn(pipe, tokens, probe, conversation, cache, sample)
+                cost = cost + turn_cost  # a replayed turn's passes go to the next answered turn
+                if result is not None:
+                    result.kept_ratio, result.context_length = kept_ratio, context_length
+                    if decoding:
+                        lengths = tuple(layer.keys.shape[2] for layer in cache.layers)
+                        masks = hidden_keys([layer.self_attn for layer in model.model.layers])
+                        result.kept_ratio, kept = kept_after_answer(
+                            SimpleNamespace(layers=prefilled), lengths, masks, context_length
+                        )
+                        if cost.kv_bytes_held:
+                            cost.kv_bytes_held = cost.kv_bytes_kept = kept
+                    result.cost, cost = cost, Cost()
+                    result.contexts = 1 if answered == 0 else 0  # the context's cost, once per conversation
+                    answered += 1
+                    yield result
+                if not conversation.last_turn:
+                    dropped = conversation.next_turn(answer)
+                    if dropped:
+                        pipe._remove_answer_from_cache(cache, [layer.keys.shape[2] - dropped for layer in cache.layers])
+    except Exception as failure:
+        for sample in asked[answered:]:
+            yield AnsweredGroup(0, [sample], [None], None, None, Cost(), failure=failure)
+    finally:
+        for layer in model.model.layers:  # AdaKV's masks belong to this conversation's cache alone
+            layer.self_attn.masked_key_indices = None
+
+
+def _turn(pipe, tokens: GreedyTokens, probe: PrefillProbe, conversation: Conversation, cache, sample):
+    """One turn on the conversation's cache: answered with kvpress's ``generate_answer`` (its result), or replayed
+    from its record in the passes its generation made (no result); with the answer's tokens and the turn's cost."""
+    forced = conversation.forced()
+    start, passes, generated = time.perf_counter(), probe.forward_passes, probe.generated_tokens
+    result = None
+    if forced is not None:
+        _replay(pipe.model, cache, conversation.input_ids, conversation.position, forced)
+        answer = list(forced)
+    else:
+        tokens.reset()
+        text = pipe.generate_answer(conversation.input_ids, cache, conversation.position, sample.max_new_tokens)
+        result = AnsweredGroup(0, [sample], [text], None, None, Cost(), generated=[tokens.answers[0]])
+        answer = list(tokens.answers[0].token_ids)
+    cost = Cost(
+        decode_seconds=time.perf_counter() - start,
+        forward_passes=probe.forward_passes - passes,
+        generated_tokens=0 if forced is not None else probe.generated_tokens - generated,
+    )
+    return result, answer, cost
+
+
+def _replay(model, cache, input_ids: torch.Tensor, position: int, forced: tuple[int, ...]) -> None:
+    """A recorded turn's passes as ``generate_answer`` made them: its input, then each answer token but the last fed
+    back one at a time, at the positions they had."""
+    device = model.device
+    positions = torch.arange(position, position + input_ids.shape[1], device=device)[None]
+    model(input_ids=input_ids.to(device), past_key_values=cache, position_ids=positions, logits_to_keep=1)
+    for offset, token in enumerate(forced[:-1]):
+        position_ids = positions[:, -1:] + 1 + offset
+        model(input_ids=torch.tensor([[token]], device=device), past_key_values=cache, position_ids=position_ids)

@@ -1,0 +1,99 @@
+"""What the harness reads off kvpress's pipeline while it runs, without changing a step of it: the prefill's time,
+passes and length (:class:`PrefillProbe`), and each answer's greedy token ids (:class:`GreedyTokens`)."""
+
+import time
+
+import torch
+from kvpress import DecodingPress
+
+from evaluate.engine.decoding_compression import counting_removals
+from evaluate.engine.decoding_pool import stop_token_ids
+from evaluate.engine.devices import synchronizer
+from evaluate.engine.requests import GeneratedAnswer
+
+
+class PrefillProbe:
+    """Times the prefill pass, records the context length the pipeline actually fed the model, and counts passes.
+
+    kvpress's pipeline runs the prefill as one call of the bare decoder (``model.model``) before any decoding step,
+    so the first such call after ``reset`` is the prefill. Every call of the bare decoder is a forward pass (KVzip's
+    reconstruction passes included); every call of the language-model head's forward generates one token.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        self._synchronize = synchronizer(model)
+        self._handles = [
+            model.model.register_forward_pre_hook(self._before, with_kwargs=True),
+            model.model.register_forward_hook(self._after, with_kwargs=True),
+            model.register_forward_pre_hook(self._generates),
+        ]
+        self.reset()
+
+    def reset(self) -> None:
+        self.context_length: int | None = None
+        self.seconds = 0.0
+        self.forward_passes = 0
+        self.generated_tokens = 0
+        self._start: float | None = None
+
+    def _before(self, module, args, kwargs):
+        self.forward_passes += 1
+        if self.context_length is None:
+            self.context_length = kwargs["input_ids"].shape[1]
+            self._synchronize()
+            self._start = time.perf_counter()
+
+    def _after(self, module, args, kwargs, output):
+        if self._start is not None:
+            self._synchronize()
+            self.seconds = time.perf_counter() - self._start
+            self._start = None
+
+    def _generates(self, module, args):
+        self.generated_tokens += 1
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+class GreedyTokens:
+    """The token ids kvpress's pipeline generates for each question, exactly as it generates them.
+
+    ``KVPressTextGenerationPipeline.generate_answer`` keeps its greedy ids in a local list and returns their text
+    only, and text decoded with ``skip_special_tokens`` does not tokenize back to the same ids. So this wraps the
+    pipeline's ``generate_answer`` (an attribute of this pipeline object only) and, while a call runs, a forward hook
+    on the language model takes each pass's token the way the pipeline does: the argmax of the last position's
+    logits, on the very tensor the pipeline reads. ``answers`` holds each call's answer since ``reset``.
+    """
+
+    def __init__(self, pipe, decoding: DecodingPress | None = None):
+        self.stop_ids = stop_token_ids(pipe.model)
+        self._model, self._generate = pipe.model, pipe.generate_answer
+        pipe.generate_answer = self._generate_answer
+        self.answers: list[GeneratedAnswer] = []
+        self._tokens: list[int] = []
+        # A decoding-time press's compressions that removed pairs of the cache (GeneratedAnswer.compressed): counted
+        # from the cache's prefill on, so that a conversation's later turn counts its earlier turns' too.
+        self._decoding = decoding
+        self.removals = 0
+
+    def reset(self) -> None:
+        self.answers = []
+
+    def _take(self, module, args, output) -> None:
+        # Reading the token back waits for the device, as the pipeline's own stop test (``new_id.item()``) does.
+        self._tokens.append(int(output.logits[0, -1].argmax()))
+
+    def _generate_answer(self, *args, **kwargs) -> str:
+        self._tokens = []
+        handle = self._model.register_forward_hook(self._take)
+        try:
+            with counting_removals(self._decoding) as removals:
+                answer = self._generate(*args, **kwargs)
+        finally:
+            handle.remove()
+        self.removals += removals[0]
+        compressed = None if self._decoding is None else self.removals > 0
+        self.answers.append(GeneratedAnswer.of(self._tokens, self.stop_ids, compressed))
+        return answer
