@@ -59,6 +59,7 @@ from kvpress import (
 )
 
 from evaluate.errors import ConfigError
+from evaluate.press_profile import knobs_read, runner_family
 from evaluate.settings import RUNNER_KNOBS
 
 VARIANT_SUFFIX = "_variant"
@@ -125,32 +126,6 @@ PRESS_REGISTRY: dict[str, Callable[[], BasePress | None]] = {
 }
 
 
-# The runner knob each family of entries reads (build sets them); any other knob given to an entry is refused, as
-# kvpress's runner would ignore it and the run would only duplicate the one without it.
-_KNOBS_READ = (
-    (DuoAttentionPress, ("head_compression_ratio",)),
-    (DMSPress, ("threshold",)),
-    (ThinKPress, ("key_channel_compression_ratio",)),
-    (DecodingPress, ("compression_interval", "target_size", "hidden_states_buffer_size")),
-)
-# What each knob may be: (smallest, largest or None, is an integer, what it is). kvpress passes them on unchecked,
-# and a value out of range fails every sample instead of refusing the run.
-KNOB_RANGES = {
-    "key_channel_compression_ratio": (0.0, 1.0, False, "the fraction of key channels removed, in [0, 1)"),
-    "head_compression_ratio": (0.0, 1.0, False, "the fraction of heads compressed, in [0, 1)"),
-    "threshold": (None, None, False, "a number"),
-    "compression_interval": (1, None, True, "a whole number of decoding steps, at least 1"),
-    "target_size": (1, None, True, "a whole number of KV pairs, at least 1"),
-    "hidden_states_buffer_size": (0, None, True, "a whole number of hidden states, at least 0"),
-}
-
-
-def knobs_read(press: BasePress | None) -> set[str]:
-    """The runner knobs ``press`` (a registry entry) reads; a ComposedPress reads its members'."""
-    members = press.presses if isinstance(press, ComposedPress) else [press]
-    return {knob for member in members for kind, knobs in _KNOBS_READ if isinstance(member, kind) for knob in knobs}
-
-
 def unread_knobs(name: str, given: Mapping[str, object]) -> list[str]:
     """The runner knobs set in ``given`` that entry ``name`` does not read (none for a name the registry lacks)."""
     if name not in PRESS_REGISTRY:
@@ -159,21 +134,51 @@ def unread_knobs(name: str, given: Mapping[str, object]) -> list[str]:
     return sorted(knob for knob in RUNNER_KNOBS & set(given) if given[knob] is not None and knob not in read)
 
 
-def check_knob_ranges(given: Mapping[str, object]) -> None:
-    """Refuse a runner knob outside its range, in one line."""
-    for knob, value in given.items():
-        if value is None or knob not in KNOB_RANGES:
-            continue
-        low, high, integer, meaning = KNOB_RANGES[knob]
-        number = isinstance(value, int | float) and not isinstance(value, bool) and (not integer or value == int(value))
-        if not number or (low is not None and value < low) or (high is not None and value >= high):
-            raise ConfigError(f"{knob}={value} is not {meaning}")
-
-
 def _required(value: float | None, knob: str, name: str, family: str) -> float:
     if value is None:
         raise ConfigError(f"method={name} needs {knob}=... (kvpress's runner requires it for {family})")
     return value
+
+
+def _set_ratio(press: BasePress | None, knobs: Mapping[str, object], name: str) -> None:
+    if press is not None and hasattr(press, "compression_ratio"):
+        press.compression_ratio = knobs["compression_ratio"]
+
+
+def _set_think(press: ThinKPress, knobs: Mapping[str, object], name: str) -> None:
+    ratio = _required(knobs["key_channel_compression_ratio"], "key_channel_compression_ratio", name, "ThinK")
+    press.key_channel_compression_ratio = ratio
+
+
+def _set_composed(press: ComposedPress, knobs: Mapping[str, object], name: str) -> None:
+    for member in press.presses:
+        (_set_think if runner_family(member) == "think" else _set_ratio)(member, knobs, name)
+
+
+def _set_duo_attention(press: DuoAttentionPress, knobs: Mapping[str, object], name: str) -> None:
+    ratio = _required(knobs["head_compression_ratio"], "head_compression_ratio", name, "DuoAttention")
+    press.head_compression_ratio = ratio
+
+
+def _set_dms(press: DMSPress, knobs: Mapping[str, object], name: str) -> None:
+    press.threshold = _required(knobs["threshold"], "threshold", name, "DMSPress")
+
+
+def _set_decoding(press: DecodingPress, knobs: Mapping[str, object], name: str) -> None:
+    # Where given; the press keeps its defaults elsewhere.
+    for knob in ("compression_interval", "target_size", "hidden_states_buffer_size"):
+        setattr(press, knob, knobs[knob] or getattr(press, knob))
+
+
+# How kvpress's runner sets each family of presses (evaluate/press_profile.py's RUNNER_FAMILIES names them).
+_SET_UP = {
+    "duo_attention": _set_duo_attention,
+    "dms": _set_dms,
+    "composed": _set_composed,
+    "think": _set_think,
+    "decoding": _set_decoding,
+    "ratio": _set_ratio,
+}
 
 
 def build(
@@ -196,28 +201,16 @@ def build(
     if name not in PRESS_REGISTRY:
         raise ConfigError(f"method={name} is not a kvpress 0.5.5 registry entry; see docs/registry.md for the names")
     press = PRESS_REGISTRY[name]()
-    if isinstance(press, DuoAttentionPress):
-        press.head_compression_ratio = _required(head_compression_ratio, "head_compression_ratio", name, "DuoAttention")
-    elif isinstance(press, DMSPress):
-        press.threshold = _required(threshold, "threshold", name, "DMSPress")
-    elif isinstance(press, ComposedPress):
-        for member in press.presses:
-            if isinstance(member, ThinKPress):
-                member.key_channel_compression_ratio = _required(
-                    key_channel_compression_ratio, "key_channel_compression_ratio", name, "ThinK"
-                )
-            elif hasattr(member, "compression_ratio"):
-                member.compression_ratio = compression_ratio
-    elif isinstance(press, ThinKPress):
-        press.key_channel_compression_ratio = _required(
-            key_channel_compression_ratio, "key_channel_compression_ratio", name, "ThinK"
-        )
-    elif isinstance(press, DecodingPress):
-        press.compression_interval = compression_interval or press.compression_interval
-        press.target_size = target_size or press.target_size
-        press.hidden_states_buffer_size = hidden_states_buffer_size or press.hidden_states_buffer_size
-    elif press is not None and hasattr(press, "compression_ratio"):
-        press.compression_ratio = compression_ratio
+    knobs = {
+        "compression_ratio": compression_ratio,
+        "key_channel_compression_ratio": key_channel_compression_ratio,
+        "threshold": threshold,
+        "head_compression_ratio": head_compression_ratio,
+        "compression_interval": compression_interval,
+        "target_size": target_size,
+        "hidden_states_buffer_size": hidden_states_buffer_size,
+    }
+    _SET_UP[runner_family(press)](press, knobs, name)
     return press
 
 

@@ -65,12 +65,39 @@ class Settings:
         refusal="must be a positive number of tokens kept per context, e.g. budget=256",
     )
     query_aware: bool = setting("append the question to the context before compression")
-    key_channel_compression_ratio: float | None = setting("ThinK's ratio of key channels removed", runner=True)
+    # The knobs kvpress's runner sets on a registry entry (method=<name>): kvpress passes them on unchecked, and a
+    # value out of range would fail every sample instead of refusing the run.
+    key_channel_compression_ratio: float | None = setting(
+        "ThinK's ratio of key channels removed",
+        runner=True,
+        allowed=lambda ratio: 0 <= ratio < 1,
+        refusal="is not the fraction of key channels removed, in [0, 1)",
+    )
     threshold: float | None = setting("DMSPress's score threshold", runner=True)
-    head_compression_ratio: float | None = setting("DuoAttention's ratio of streaming heads", runner=True)
-    compression_interval: int | None = setting("a DecodingPress's steps between compressions", runner=True)
-    target_size: int | None = setting("the KV pairs a DecodingPress keeps of each row", runner=True)
-    hidden_states_buffer_size: int | None = setting("a DecodingPress's buffered hidden states", runner=True)
+    head_compression_ratio: float | None = setting(
+        "DuoAttention's ratio of streaming heads",
+        runner=True,
+        allowed=lambda ratio: 0 <= ratio < 1,
+        refusal="is not the fraction of heads compressed, in [0, 1)",
+    )
+    compression_interval: int | None = setting(
+        "a DecodingPress's steps between compressions",
+        runner=True,
+        allowed=lambda steps: steps >= 1,
+        refusal="is not a whole number of decoding steps, at least 1",
+    )
+    target_size: int | None = setting(
+        "the KV pairs a DecodingPress keeps of each row",
+        runner=True,
+        allowed=lambda pairs: pairs >= 1,
+        refusal="is not a whole number of KV pairs, at least 1",
+    )
+    hidden_states_buffer_size: int | None = setting(
+        "a DecodingPress's buffered hidden states",
+        runner=True,
+        allowed=lambda states: states >= 0,
+        refusal="is not a whole number of hidden states, at least 0",
+    )
     limit: int | None = setting(
         "samples per task (null: all)",
         result=False,

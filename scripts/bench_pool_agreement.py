@@ -39,6 +39,7 @@ from bench_common import (  # noqa: E402
 from kvpress_evaluation import kvpress_predictions  # noqa: E402
 
 from evaluate import registry, rundir  # noqa: E402
+from evaluate.press_profile import knobs_read  # noqa: E402
 from evaluate.score.answer_length import TOKENS  # noqa: E402
 from evaluate.score.bootstrap import difference_interval  # noqa: E402
 from evaluate.score.decoding import decoding_record  # noqa: E402
@@ -47,7 +48,7 @@ from evaluate.score.decoding import decoding_record  # noqa: E402
 def sweep_command(args: argparse.Namespace, out: Path, batch: int) -> list[str]:
     """The sweep of ``--methods``, answered by a pool of ``batch`` rows; the decoding-time knobs only where an entry
     reads them (a sweep whose points all ignore a knob is refused)."""
-    read = set().union(*(registry.knobs_read(registry.PRESS_REGISTRY[name]()) for name in args.methods.split(",")))
+    read = set().union(*(knobs_read(registry.PRESS_REGISTRY[name]()) for name in args.methods.split(",")))
     knobs = {"target_size": args.targets, "compression_interval": args.interval}
     return [
         sys.executable,

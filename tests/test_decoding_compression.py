@@ -37,7 +37,7 @@ from evaluate.engine.requests import DecodeRequest
 from evaluate.engine.slot_cache import SlotCache
 from evaluate.models.random_models import TinyRandomModel
 from evaluate.points.config import run_dir
-from evaluate.points.press_traits import why_not_shared_prefill
+from evaluate.press_profile import why_not_shared_prefill
 from evaluate.registry import PRESS_REGISTRY
 from evaluate.run.entry import run
 from tests.kvpress_reference import LIVELY_MODEL, kvpress_predictions, ruler_rows, set_runner_knobs

@@ -1,7 +1,9 @@
 """What a press needs is read off the press object: prefill sharing, eager refusal, whether it compresses."""
 
+import ast
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from hydra.utils import instantiate
@@ -10,7 +12,7 @@ from omegaconf import OmegaConf
 
 from evaluate import rundir
 from evaluate.points.config import ConfigError, compresses, run_dir
-from evaluate.points.press_traits import needs_non_eager, why_not_shared_prefill
+from evaluate.press_profile import needs_non_eager, why_not_shared_prefill
 from evaluate.registry import PRESS_REGISTRY
 from evaluate.run.entry import run, run_sweep
 from tests.support import CONF_DIR, compose_config, with_shared_context
@@ -83,7 +85,7 @@ def test_a_non_eager_press_is_refused_under_eager_before_the_model_loads(tmp_pat
 def test_every_trait_is_read_off_one_table_verified_traits_for_the_named_class_only():
     import kvpress
 
-    from evaluate.points import press_traits
+    from evaluate import press_profile as press_traits
     from presses.chunkkv_exact import ExactChunkKVPress
     from presses.eg_chunkkv import EntropyGatedChunkKVPress
     from scorers.dropkv import DropKVPress
@@ -115,3 +117,40 @@ def test_every_trait_is_read_off_one_table_verified_traits_for_the_named_class_o
     assert having("downloads") == {
         "DuoAttentionPress", "KVzapPress", "QFilterPress", "FastKVzipPress", "RestoreKVPress", "LUKVPress"
     }  # fmt: skip
+
+
+def press_class_tests(path: Path) -> list[str]:
+    """Where ``path`` tests a press object's class: ``isinstance``/``issubclass`` against a class of kvpress, presses/
+    or scorers/, or ``type(x)`` compared with one."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    classes = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in ("kvpress", "presses", "scorers")
+        for alias in node.names
+        if "Press" in alias.name or "Selection" in alias.name  # not kvpress's SUPPORTED_MODELS, a model check
+    }
+
+    def named(node: ast.AST) -> bool:
+        names = node.elts if isinstance(node, ast.Tuple) else [node]
+        return any(isinstance(name, ast.Name) and name.id in classes for name in names)
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("isinstance", "issubclass"):
+            if len(node.args) == 2 and named(node.args[1]):
+                found.append(f"{path.name}:{node.lineno}")
+        elif isinstance(node, ast.Compare) and any(getattr(n.func, "id", None) == "type" for n in ast.walk(node)
+                                                   if isinstance(n, ast.Call)):  # fmt: skip
+            if any(named(side) for side in (node.left, *node.comparators)):
+                found.append(f"{path.name}:{node.lineno}")
+    return found
+
+
+def test_press_classes_are_tested_in_the_press_profile_alone():
+    """evaluate/press_profile.py is the one module that asks what class a press is; the engine, the registry, the
+    loader and the budget code read its answers (a point's plan carries them as its PressProfile)."""
+    repo = Path(__file__).resolve().parent.parent
+    paths = [*(repo / "evaluate").rglob("*.py"), *(repo / "hydra_plugins").rglob("*.py")]
+    assert press_class_tests(repo / "evaluate" / "press_profile.py")  # the checker finds the profile's own
+    assert not [where for path in paths if path.name != "press_profile.py" for where in press_class_tests(path)]

@@ -18,7 +18,7 @@ from kvpress import DecodingPress
 from evaluate import rundir
 from evaluate.models.random_models import TinyRandomModel
 from evaluate.points.config import ConfigError, method_name, result_config, run_dir
-from evaluate.points.press_traits import (
+from evaluate.press_profile import (
     downloads,
     kvpress_defect,
     needs_eager,

@@ -12,7 +12,7 @@ from kvpress import ChunkKVPress, EntropyGatedChunkKVPress, SnapKVPress, ThinKPr
 from evaluate.engine.exact_compress import compress
 from evaluate.engine.prefill import compressed_cache, needs_copy
 from evaluate.engine.score_memo import ScoreMemo
-from evaluate.points.press_traits import members
+from evaluate.press_profile import members
 from tests.support import captured_prefill, compose_config
 from tests.test_presses import FixedScores
 

@@ -12,8 +12,8 @@ from evaluate import rundir
 from evaluate.engine.prefill import compressed_cache
 from evaluate.models.random_models import TinyRandomModel
 from evaluate.points.config import run_dir
-from evaluate.points.press_traits import why_not_shared_prefill
 from evaluate.points.resolve import resolve
+from evaluate.press_profile import why_not_shared_prefill
 from evaluate.run.entry import run, run_sweep
 from evaluate.run.planning import make_plan
 from tests.support import captured_prefill, compose_config, with_shared_context

@@ -15,7 +15,7 @@ object, which rows of one point share here), and calls the row's press's own ``c
 alone: its real question columns (never the left-padded joiners' padding), its keys and values in its own order, and
 the forward arguments its base press reads for a batch of one (``position_embeddings`` of the pass's tokens;
 ``cache_position`` as transformers numbers the pass after the row's cache). The presses the pool accepts here
-(``press_traits.why_not_pooled_decoding``) read no other argument; one that did would fail loudly on the missing key.
+(``press_profile.why_not_pooled_decoding``) read no other argument; one that did would fail loudly on the missing key.
 
 AdaKV as the base press removes nothing: its ``compress`` names the pairs it prunes on the module
 (``masked_key_indices``), and kvpress's attention patch, before each later pass's attention, overwrites those keys in
@@ -32,8 +32,10 @@ from typing import Protocol
 
 import numpy as np
 import torch
-from kvpress import AdaKVPress, DecodingPress
+from kvpress import DecodingPress
 from kvpress.attention_patch import search_hyperplane
+
+from evaluate.press_profile import keeps_every_key
 
 
 class RowStore(Protocol):
@@ -45,11 +47,6 @@ class RowStore(Protocol):
     def row(self, layer_idx: int, slot: int) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     def replace_row(self, layer_idx: int, slot: int, keys: torch.Tensor, values: torch.Tensor) -> None: ...
-
-
-def keeps_every_key(press: DecodingPress) -> bool:
-    """Whether the press's compressions leave the cache whole and mask keys instead (AdaKV as the base press)."""
-    return isinstance(press.base_press, AdaKVPress)
 
 
 def removes_pairs(press: DecodingPress, keys: torch.Tensor) -> bool:

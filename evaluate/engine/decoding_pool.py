@@ -33,7 +33,7 @@ import logging
 import os
 from collections import Counter, deque
 from contextlib import nullcontext
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -74,6 +74,25 @@ def decode_memory_bytes(gib: float | None, model) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
 
 
+@dataclass(frozen=True)
+class StepPlan:
+    """One pass of a pool step, as :meth:`DecodingPool.schedule` plans it: ``questions`` (the question pass) or
+    ``decode`` (one token each), and the slots that take part with their rows."""
+
+    kind: str
+    slots: list[int]
+    rows: list[RunningRow]
+
+
+@dataclass(frozen=True)
+class PassOutputs:
+    """What a pass gave each row of its plan, in the plan's order: a greedy token, or a teacher-forced answer's
+    log-probabilities; and the slots whose own work (their press's compression, their attention) raised."""
+
+    outputs: list
+    failed: dict[int, Exception]
+
+
 class DecodingPool:
     """The scheduler: greedy answers of every submitted request, ``batch_size`` rows per forward pass, in
     ``memory_bytes``.
@@ -108,7 +127,7 @@ class DecodingPool:
 
     def has_room(self) -> bool:
         """Whether another context may be compressed into the queue now. An idle pool always has room, so that a
-        budget too small for one row decodes rows one at a time (with a warning, see ``_admit``) instead of
+        budget too small for one row decodes rows one at a time (with a warning, see ``_affordable``) instead of
         waiting forever for room that no step can make."""
         if not self.busy():
             return True
@@ -130,30 +149,71 @@ class DecodingPool:
         return dropped
 
     def step(self) -> list[FinishedRow]:
-        """Admit waiting rows into free slots and run the questions of every row that asks (new rows, and
-        conversations' rows at their next turn) in one pass, then decode one token for every other row; returns the
-        rows that finished (a conversation's: each turn it answered), and those whose own press raised, with it."""
+        """One step of the pool, in the manner of vLLM v1's ``EngineCore.step``: each of its two passes is scheduled
+        (:meth:`schedule`: which slots run, rows admitted first), executed (:meth:`execute`: the model runner's pass
+        and each row's decoding compression) and its outputs turned into finished rows (:meth:`update`). The question
+        pass runs the questions of every row that asks (rows just admitted, and conversations' rows at their next
+        turn); the decoding pass then gives one token to every other row, joiners included. Returns the rows that
+        finished (a conversation's: each turn it answered), and those whose own press raised, with it."""
         finished: list[FinishedRow] = []
         with torch.no_grad(), pool_attention_active(self.model), self._layer_inputs() as inputs:
-            finished += self._admit(inputs)
-            # A conversation's row that finished a turn in that pass waits, paused, for its next question pass.
-            decoding = [slot for slot, row in enumerate(self.rows) if row is not None and not row.asking]
-            if decoding:
-                self.cache.masked = {
-                    slot: row.compression.masked
-                    for slot in decoding
-                    if (row := self.rows[slot]).compression is not None and any(row.compression.masked)
-                }
-                tokens = self.runner.decode(self.cache, [self.rows[slot] for slot in decoding])
-                self.cache.masked, failed, self.cache.failed = {}, self.cache.failed, {}
-                served = [(slot, self.rows[slot], slot, 1) for slot in decoding if slot not in failed]
-                failed.update(self._compress(inputs, served))
-                for slot in decoding:
-                    if slot in failed:
-                        finished.append(self._fail(slot, self.rows[slot], failed[slot]))
-                    else:
-                        finished += self._append(slot, self.rows[slot], tokens[slot])
+            for kind in ("questions", "decode"):
+                plan = self.schedule(kind)
+                if plan is not None:
+                    finished += self.update(plan, self.execute(plan, inputs))
             self._compact()
+        return finished
+
+    def schedule(self, kind: str) -> "StepPlan | None":
+        """The plan of one pass, or None when no row takes part. ``questions``: waiting rows admitted into free
+        slots first, then every row that asks. ``decode``: every row that does not ask (a conversation's row that
+        finished a turn waits, paused, for its next question pass), with the keys its decoding press masks."""
+        if kind == "questions":
+            if self.waiting:
+                self._load_arrivals()
+            slots = [slot for slot, row in enumerate(self.rows) if row is not None and row.asking]
+            for slot in slots:
+                self.cache.set_live(slot, 1)
+        else:
+            slots = [slot for slot, row in enumerate(self.rows) if row is not None and not row.asking]
+        if not slots:
+            return None
+        return StepPlan(kind, slots, [self.rows[slot] for slot in slots])
+
+    def execute(self, plan: "StepPlan", inputs: LayerInputs | None) -> "PassOutputs":
+        """Run the plan's pass on the model runner, then each served row's decoding compression; the rows whose own
+        work raised are in ``failed``."""
+        if plan.kind == "questions":
+            outputs = self.runner.ask_questions(self.cache, plan.slots, plan.rows)
+            pairs = enumerate(zip(plan.slots, plan.rows, strict=True))
+            served = [(slot, row, line, row.input_ids.shape[1]) for line, (slot, row) in pairs]
+            return PassOutputs(outputs, self._compress(inputs, served))
+        self.cache.masked = {
+            slot: row.compression.masked
+            for slot, row in zip(plan.slots, plan.rows, strict=True)
+            if row.compression is not None and any(row.compression.masked)
+        }
+        tokens = self.runner.decode(self.cache, plan.rows)
+        self.cache.masked, failed, self.cache.failed = {}, self.cache.failed, {}
+        served = [(slot, row, slot, 1) for slot, row in zip(plan.slots, plan.rows, strict=True) if slot not in failed]
+        failed.update(self._compress(inputs, served))
+        return PassOutputs([tokens[slot] for slot in plan.slots], failed)
+
+    def update(self, plan: "StepPlan", outputs: "PassOutputs") -> list[FinishedRow]:
+        """Each served row's output appended (or its failure recorded): the rows that finished, and after a question
+        pass the rows rearranged by width."""
+        finished = []
+        for slot, row, output in zip(plan.slots, plan.rows, outputs.outputs, strict=True):
+            if plan.kind == "questions":
+                row.asking = False
+            if slot in outputs.failed:
+                finished.append(self._fail(slot, row, outputs.failed[slot]))
+            elif plan.kind == "questions" and row.request.answer_ids is not None:
+                finished.append(self._leave(slot, row, output))  # teacher-forced: its log-probabilities
+            else:
+                finished += self._append(slot, row, output)
+        if plan.kind == "questions":
+            self._arrange()
         return finished
 
     def _layer_inputs(self):
@@ -177,32 +237,6 @@ class DecodingPool:
         occupied = [slot for slot, row in enumerate(self.rows) if row is not None]
         self.cache = SlotCache.allocate(self.model, slots, capacity, self.cache, occupied)
         self.rows = [self.rows[slot] for slot in occupied] + [None] * (slots - len(occupied))
-
-    def _admit(self, inputs: LayerInputs | None = None) -> list[FinishedRow]:
-        """Waiting rows into free slots, then one question pass for every row that asks: those, and the rows of
-        conversations that moved on to their next turn."""
-        if self.waiting:
-            self._load_arrivals()
-        joining = [slot for slot, row in enumerate(self.rows) if row is not None and row.asking]
-        if not joining:
-            return []
-        rows = [self.rows[slot] for slot in joining]
-        for slot in joining:
-            self.cache.set_live(slot, 1)
-        outputs = self.runner.ask_questions(self.cache, joining, rows)
-        pairs = enumerate(zip(joining, rows, strict=True))
-        failed = self._compress(inputs, [(slot, row, line, row.input_ids.shape[1]) for line, (slot, row) in pairs])
-        finished = []
-        for slot, row, output in zip(joining, rows, outputs, strict=True):
-            row.asking = False
-            if slot in failed:
-                finished.append(self._fail(slot, row, failed[slot]))
-            elif row.request.answer_ids is None:
-                finished += self._append(slot, row, output)
-            else:
-                finished.append(self._leave(slot, row, output))
-        self._arrange()
-        return finished
 
     def _load_arrivals(self) -> None:
         active = sum(row is not None for row in self.rows)

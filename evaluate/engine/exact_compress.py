@@ -14,6 +14,7 @@ from kvpress import BasePress, ChunkKVPress
 from kvpress import EntropyGatedChunkKVPress as UpstreamEntropyGatedChunkKVPress
 from torch import nn
 
+from evaluate.press_profile import stand_in
 from presses.eg_chunkkv import EntropyGatedChunkKVPress
 
 
@@ -77,14 +78,15 @@ def _entropy_gated_chunkkv(
     return stand_in.compress(module, hidden_states, keys, values, None, kwargs)
 
 
-STAND_INS = {ChunkKVPress: _chunkkv, UpstreamEntropyGatedChunkKVPress: _entropy_gated_chunkkv}
+# By evaluate/press_profile.py's stand_in name.
+STAND_INS = {"chunkkv": _chunkkv, "entropy_gated_chunkkv": _entropy_gated_chunkkv}
 
 
 def compress(
     press: BasePress, module: nn.Module, hidden_states: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, kwargs
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``press.compress`` of one layer without attention weights, through its class's stand-in where it has one."""
-    stand_in = STAND_INS.get(type(press))
-    if stand_in is None:
+    name = stand_in(press)
+    if name is None:
         return press.compress(module, hidden_states, keys, values, None, kwargs)
-    return stand_in(press, module, hidden_states, keys, values, kwargs)
+    return STAND_INS[name](press, module, hidden_states, keys, values, kwargs)

@@ -8,7 +8,6 @@ from contextlib import nullcontext
 from types import SimpleNamespace
 
 import torch
-from kvpress import DecodingPress
 from transformers import DynamicCache
 
 from evaluate.engine.context_budget import chat_template_enabled, make_pipeline, pipeline_budget
@@ -20,7 +19,7 @@ from evaluate.engine.requests import AnsweredGroup, hidden_keys
 from evaluate.engine.turns import Conversation
 from evaluate.points.budget import apply_budget
 from evaluate.points.plan import Plan
-from evaluate.points.press_traits import decoding_part
+from evaluate.press_profile import prefill_hook
 
 
 def answer_conversations(plan: Plan, model, tokenizer, budget: int) -> Iterator[AnsweredGroup]:
@@ -29,7 +28,7 @@ def answer_conversations(plan: Plan, model, tokenizer, budget: int) -> Iterator[
     its ``_remove_answer_from_cache`` (evaluate/engine/turns.py says what stays of each answer). Yields each turn's
     answer (point 0) as it is finished; a failure fails the turn and every later turn of its conversation."""
     pipe = make_pipeline(model, tokenizer, plan.spec.device)
-    tokens = GreedyTokens(pipe, decoding_part(plan.press))
+    tokens = GreedyTokens(pipe, plan.profile.decoding)
     probe = PrefillProbe(model)
     torch.manual_seed(plan.spec.seed)  # as answer_with_pipeline: kvpress's runner seeds once before its run
     try:
@@ -58,7 +57,7 @@ def _conversation(plan: Plan, pipe, tokens: GreedyTokens, probe: PrefillProbe, t
             apply_budget(press, context_length, plan.spec.budget)
         cache = DynamicCache()
         # kvpress's pipeline: the prefill under the press unless it only compresses while decoding.
-        prefill_press = press if press is not None and not isinstance(press, DecodingPress) else None
+        prefill_press = prefill_hook(press)
         with prefill_press(model) if prefill_press is not None else nullcontext(), torch.no_grad():
             model.model(input_ids=context_ids, past_key_values=cache)
         kept_ratio = measure_kept_ratio(model, cache, context_length)
@@ -68,7 +67,7 @@ def _conversation(plan: Plan, pipe, tokens: GreedyTokens, probe: PrefillProbe, t
         cost = Cost(prefill_seconds=probe.seconds, forward_passes=probe.forward_passes, prefills=1)
         cost.kv_bytes_held, cost.kv_bytes_kept = held, kept
         conversation.start(context_length)
-        decoding = decoding_part(press) is not None
+        decoding = plan.profile.decoding is not None
         with press(model) if decoding else nullcontext(), torch.no_grad():
             for sample in turns:
                 result, answer, turn_cost = _turn(pipe, tokens, probe, conversation, cache, sample)

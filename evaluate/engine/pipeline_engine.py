@@ -36,7 +36,6 @@ from evaluate.engine.teacher_forcing import (
 )
 from evaluate.points.budget import apply_budget
 from evaluate.points.plan import Plan
-from evaluate.points.press_traits import decoding_part
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +82,7 @@ def answer_with_pipeline(plan: Plan, model, tokenizer, budget: int) -> Iterator[
     """Each context group of ``plan`` through kvpress's pipeline, the press hooked into the prefill; yields each
     group's answers (point 0: the one plan) as they are finished, a failed group's with its failure."""
     pipe = make_pipeline(model, tokenizer, plan.spec.device)
-    tokens = GreedyTokens(pipe, decoding_part(plan.press))
+    tokens = GreedyTokens(pipe, plan.profile.decoding)
     probe = PrefillProbe(model)
     # kvpress's runner seeds once before its run: a press drawing random numbers (RandomPress, Compactor's sketch)
     # draws the same ones here.

@@ -29,7 +29,6 @@ from evaluate.engine.teacher_forcing import forcing_pool, likelihood_fields, ref
 from evaluate.engine.turns import Conversation
 from evaluate.points.budget import apply_budget
 from evaluate.points.plan import Plan
-from evaluate.points.press_traits import decoding_part, prefill_part
 
 
 @dataclass
@@ -290,7 +289,7 @@ class PoolEngine:
                 apply_budget(plan.press, context.length, plan.spec.budget)
             with torch.no_grad(), stream.active():
                 # A decoding-time press's prefill part here; its decoding part compresses each row in the pool.
-                cache = compressed_cache(prefill_part(plan.press), self.layers, context.capture.captured, scores)
+                cache = compressed_cache(plan.profile.prefill, self.layers, context.capture.captured, scores)
             kept_ratio = measure_kept_ratio(self.model, cache, context.length)
             held, kept = kv_bytes(self.model, cache)
             # AdaKV's masks belong to this cache alone: they travel with its rows, and leave the modules.
@@ -312,7 +311,7 @@ class PoolEngine:
             yield result
             return
         max_new_tokens = key[2]
-        decoding = decoding_part(plan.press)
+        decoding = plan.profile.decoding
         # A row compressed while decoding measures what its answer left against this cache (GroupAnswers.arrive).
         prefill_cache = cache if decoding is not None else None
         if multi:

@@ -23,7 +23,7 @@ from evaluate.engine.context_budget import chat_template_enabled
 from evaluate.engine.devices import onloaded
 from evaluate.engine.exact_compress import compress
 from evaluate.engine.score_memo import ScoreMemo
-from evaluate.points.press_traits import members, traits
+from evaluate.press_profile import members, traits
 
 
 class PrefillCapture:

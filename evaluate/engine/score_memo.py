@@ -2,7 +2,7 @@
 
 On the shared-prefill path every point of a context compresses the same captured layer inputs. The scores of a
 ScorerPress (SnapKV's window attention, most of a point's compression time) depend on those inputs and on the
-scorer's configuration, but for the scorers whose ``shares_scores`` trait is set (evaluate/points/press_traits.py),
+scorer's configuration, but for the scorers whose ``shares_scores`` trait is set (evaluate/press_profile.py),
 not on the compression ratio, nor on which press wraps the scorer (top-k, ChunkKV, EG-ChunkKV, AdaKV...): every
 such point's scores are the same tensor. :class:`ScoreMemo` computes them on the first request of a context and
 hands a copy to every later one.
@@ -19,7 +19,7 @@ import torch
 from kvpress import BasePress
 from kvpress.presses.scorer_press import ScorerPress
 
-from evaluate.points.press_traits import members, traits
+from evaluate.press_profile import members, traits
 
 
 def configuration(scorer: ScorerPress) -> tuple:

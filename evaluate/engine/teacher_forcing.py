@@ -20,7 +20,7 @@ Both are teacher-forced by the decoding pool's machinery (evaluate/engine/decodi
 cache batched in one forward pass of fixed composition, over one slot buffer that every call reuses
 (:func:`forcing_pool`, :func:`teacher_forced` says why the composition is fixed), with AdaKV's masks carried as in
 greedy decoding. Presses that compress while decoding (DecodingPress) have no fixed cache to teacher-force, and get
-no fields (``press_traits.why_not_teacher_forced``). ``likelihood=false`` leaves them out; ``generate=false``
+no fields (``press_profile.why_not_teacher_forced``). ``likelihood=false`` leaves them out; ``generate=false``
 computes them alone, without greedy decoding (the rows' ``prediction`` is null and the run has no accuracy score).
 """
 

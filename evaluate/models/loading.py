@@ -5,12 +5,10 @@ import logging
 
 import torch
 from huggingface_hub.errors import HFValidationError
-from kvpress import BasePress, FinchPress
 
 from evaluate.errors import ConfigError
 from evaluate.models.layer_masks import fit_masks_to_layers
 from evaluate.points.plan import Plan
-from evaluate.points.press_traits import FINCH_DELIMITER
 
 logger = logging.getLogger(__name__)
 
@@ -73,11 +71,3 @@ class Models:
 
         placement = spec.device, json.dumps(spec.device_map, sort_keys=True)
         return self._reuse("model", (repr(plan.source), *placement, plan.spec.dtype, spec.attention), load)
-
-
-def prepare_model(press: BasePress | None, model, tokenizer, seed: int) -> None:
-    """What kvpress's runner does to a freshly loaded model and tokenizer before a press's run (Finch's token)."""
-    if isinstance(press, FinchPress):
-        # Resizing the embeddings draws the new row at random: seeded, so that a run is reproducible.
-        torch.manual_seed(seed)
-        press.update_model_and_tokenizer(model, tokenizer, FINCH_DELIMITER)

@@ -5,17 +5,16 @@ L-token context (kvpress's ``compute_n_kept``, presses/exact_budget.py), per hea
 giving each context its own ratio, the one whose rounding keeps exactly N (:func:`ratio_keeping`), set on the press
 right before that context is compressed (:func:`apply_budget`; both engines call it). The one press with a native
 token budget, kvpress's ``DecodingPress`` (``target_size``), compresses while decoding, not the context, and is
-refused, as is every press whose count of kept pairs is not that rounding of one ratio (:func:`why_not_budget`).
+refused, as is every press whose count of kept pairs is not that rounding of one ratio (evaluate/press_profile.py's
+``why_not_budget``).
 
 A context of at most N tokens is kept whole (ratio 0): the budget is a ceiling, as ``target_size`` is for kvpress's
 ``DecodingPress``. A budget that keeps every context whole would only rerun the uncompressed model and is refused.
 """
 
-from kvpress import AdaKVPress, BasePress, ChunkKVPress, ScorerPress
-from kvpress import EntropyGatedChunkKVPress as UpstreamEntropyGatedChunkKVPress
+from kvpress import BasePress
 
-from evaluate.points.press_traits import decoding_part, members
-from presses.exact_budget import ExactBudgetSelection
+from evaluate.press_profile import budget_scorer, why_not_budget
 
 
 def ratio_keeping(context_length: int, budget: int) -> float:
@@ -35,42 +34,10 @@ def ratio_keeping(context_length: int, budget: int) -> float:
     return ratio
 
 
-def _scorer(press: BasePress) -> ScorerPress | None:
-    """The ScorerPress whose ``compression_ratio`` decides how many pairs ``press`` keeps, if ``press`` keeps
-    ``int(L * (1 - ratio))`` of it; None for a press that keeps another count."""
-    if isinstance(press, ScorerPress) and type(press).compress is ScorerPress.compress:
-        return press  # per head (the topk presses, kvpress's registry entries of one scorer)
-    exact = isinstance(press, ExactBudgetSelection) or type(press) is UpstreamEntropyGatedChunkKVPress
-    if (exact or type(press) is AdaKVPress) and isinstance(press.press, ScorerPress):
-        return press.press  # per layer (exact budgets), or in total over the heads (AdaKV)
-    return None
-
-
-def why_not_budget(press: BasePress) -> str | None:
-    """Why ``press`` cannot keep a token budget, in words that name the fix; None when it can."""
-    if decoding_part(press) is not None:
-        return (
-            "it compresses while decoding, not the context; its own token budget is target_size: give "
-            "target_size=N instead of budget=N"
-        )
-    if isinstance(press, ChunkKVPress) and _scorer(press) is None:
-        return (
-            "kvpress's ChunkKVPress keeps whole chunks, int(n_chunks * (1 - cr)), so no ratio keeps exactly N "
-            "tokens; use press=chunkkv_exact, its exact budget"
-        )
-    if _scorer(press) is None:
-        names = "/".join(type(member).__name__ for member in members(press))
-        return (
-            f"{names} does not keep int(L * (1 - cr)) pairs of an L-token context (its budget is split otherwise), "
-            "so no ratio keeps exactly N; use cr=, or a topk, adakv, chunkkv_exact or eg_chunkkv press"
-        )
-    return None
-
-
 def apply_budget(press: BasePress, context_length: int, budget: int) -> float:
     """Set on ``press`` the ratio that keeps ``budget`` pairs of a ``context_length``-token context, and return it.
     Called before each context's compression: the press object serves every context of its point."""
-    scorer = _scorer(press)
+    scorer = budget_scorer(press)
     if scorer is None:  # validate refused it before the model loaded
         raise ValueError(f"{type(press).__name__} cannot keep a token budget: {why_not_budget(press)}")
     scorer.compression_ratio = ratio_keeping(context_length, budget)

@@ -18,25 +18,26 @@ from pathlib import Path
 import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
-from kvpress import BasePress, ChunkKVPress
+from kvpress import BasePress
 from omegaconf import DictConfig, OmegaConf
 
 from evaluate import registry, rundir
 from evaluate.benchmarks.sources import no_connection
 from evaluate.errors import ConfigError
-from evaluate.points.budget import why_not_budget
 from evaluate.points.overrides import default_setting
 from evaluate.points.point import PointSpec
-from evaluate.points.press_traits import (
+from evaluate.press_profile import (
     changes_the_model,
     decoding_part,
     downloads,
+    kvpress_chunk_lengths,
     kvpress_defect,
     members,
     needs_eager,
     needs_non_eager,
     needs_query_aware,
     prefill_part,
+    why_not_budget,
     why_not_decoding_window,
     why_not_multi_turn,
     why_not_teacher_forced,
@@ -281,9 +282,7 @@ def validate(cfg: DictConfig) -> None:
     _check_device_map(cfg.get("device_map"))
     _check_writable(Path(cfg.output_dir))
     knobs = {knob: cfg.get(knob) for knob in sorted(registry.RUNNER_KNOBS - {"compression_ratio"})}
-    if uses_registry_entry(cfg):
-        registry.check_knob_ranges(knobs)
-    elif cfg.press.press is not None and any(value is not None for value in knobs.values()):
+    if not uses_registry_entry(cfg) and cfg.press.press is not None and any(v is not None for v in knobs.values()):
         stray = ", ".join(knob for knob, value in knobs.items() if value is not None)
         raise ConfigError(f"{stray} set the knobs of kvpress's registry entries; use method=<entry>")
     if not cfg.generate and not cfg.likelihood:
@@ -406,19 +405,16 @@ def validate_budget(spec: PointSpec, shortest_context: int) -> None:
                 f"{shortest_keeping(1, cr)} tokens or a lower cr"
             )
         _warn_window(spec, n_kept, shortest_context, f"cr={cr}", shortest_keeping)
-    for member in members(described(spec.press)):
-        # kvpress's own compress (press=chunkkv, method=chunkkv), not presses/chunkkv_exact.py's exact budget.
-        if isinstance(member, ChunkKVPress) and type(member).compress is ChunkKVPress.compress:
-            chunk_length = member.chunk_length
-            n_chunks = -(-shortest_context // chunk_length)
-            if int(n_chunks * (1 - cr)) == 0:
-                raise ConfigError(
-                    f"kvpress's ChunkKVPress at cr={cr} keeps int({n_chunks} chunks * (1 - cr)) = 0 chunks of "
-                    f"{chunk_length} tokens of the shortest context ({shortest_context} tokens), and keeps one "
-                    f"whole chunk anyway, more than the budget; use contexts of at least "
-                    f"{(shortest_keeping(1, cr) - 1) * chunk_length + 1} tokens, a chunk_length of at most "
-                    f"{largest_chunk_keeping(shortest_context, cr)}, or press=chunkkv_exact (an exact budget)"
-                )
+    for chunk_length in kvpress_chunk_lengths(described(spec.press)):
+        n_chunks = -(-shortest_context // chunk_length)
+        if int(n_chunks * (1 - cr)) == 0:
+            raise ConfigError(
+                f"kvpress's ChunkKVPress at cr={cr} keeps int({n_chunks} chunks * (1 - cr)) = 0 chunks of "
+                f"{chunk_length} tokens of the shortest context ({shortest_context} tokens), and keeps one "
+                f"whole chunk anyway, more than the budget; use contexts of at least "
+                f"{(shortest_keeping(1, cr) - 1) * chunk_length + 1} tokens, a chunk_length of at most "
+                f"{largest_chunk_keeping(shortest_context, cr)}, or press=chunkkv_exact (an exact budget)"
+            )
 
 
 def warn_uncompressed_decoding(spec: PointSpec, longest_row: int, longest_question: int, longest_answer: int) -> None:

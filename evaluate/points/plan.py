@@ -17,7 +17,7 @@ from kvpress import BasePress
 
 from evaluate.benchmarks import Sample
 from evaluate.points.point import PointSpec
-from evaluate.points.press_traits import compressed_suffix, decodes_per_sample, why_not_teacher_forced
+from evaluate.press_profile import PressProfile
 
 
 def context_id(context: str) -> str:
@@ -76,6 +76,8 @@ class Plan:
     benchmark: Any
     source: Any
     press: BasePress | None
+    # Every fact about the press that the engine and the loader read (evaluate/press_profile.py).
+    profile: PressProfile
     samples: tuple[Sample, ...]
     kept_rows: tuple[dict, ...]
     share: tuple[Sample, ...]
@@ -93,7 +95,7 @@ class Plan:
         under ``turns=multi``, each conversation's turns, in the order of its compressed text."""
         if self.spec.turns == "multi":
             return sorted(conversations(self.share, self.todo), key=lambda turns: self.compressed_text(turns[0]))
-        if decodes_per_sample(self.press):
+        if self.profile.decodes_per_sample:
             return [[sample] for sample in self.todo]
         groups = group_by_context(list(self.todo), self.spec.query_aware)
         return sorted(groups, key=lambda group: self.compressed_text(group[0]))
@@ -108,12 +110,12 @@ class Plan:
         """Whether the rows get the likelihood fields (evaluate/engine/teacher_forcing.py)."""
         # A conversation's cache changes turn after turn: no fixed cache to teacher-force (docs/metrics.md).
         multi = self.spec.turns == "multi"
-        return self.spec.likelihood and not multi and why_not_teacher_forced(self.press) is None
+        return self.spec.likelihood and not multi and self.profile.why_not_teacher_forced is None
 
     def compressed_text(self, sample: Sample, context: str | None = None) -> str:
         """What the press compresses, as kvpress's runner builds it: the context (``context`` when cut), the press's
         suffix (Finch's delimiter), and the question in query-aware runs."""
-        text = (sample.context if context is None else context) + compressed_suffix(self.press)
+        text = (sample.context if context is None else context) + self.profile.compressed_suffix
         return text + sample.question if self.spec.query_aware else text
 
     def context(self, sample: Sample, tokenizer, max_context: int) -> str:

@@ -29,17 +29,15 @@ from evaluate.engine.pipeline_engine import PipelineEngine
 from evaluate.engine.pool_engine import PoolEngine
 from evaluate.engine.requests import AnsweredGroup, Prefilled
 from evaluate.errors import ConfigError, RunIncomplete, exit_code, fail, refuse, stop_on_signals
-from evaluate.models.loading import Models, prepare_model, warn_if_unpatched, weights_bytes
+from evaluate.models.loading import Models, warn_if_unpatched, weights_bytes
 from evaluate.points.config import described, validate_choices
 from evaluate.points.plan import Plan
 from evaluate.points.point import PointSpec
-from evaluate.points.press_traits import (
-    changes_the_model,
-    decoding_part,
-    selects_by_position,
-    why_not_shared_prefill,
-)
 from evaluate.points.resolve import checked
+from evaluate.press_profile import (
+    profile,
+    selects_by_position,
+)
 from evaluate.run.planning import make_plan
 from evaluate.run.recorder import AnsweringClock, Recorder, describe
 from evaluate.run.summary import failed_samples, interrupted_summary, run_summary, sweep_summary, waiting_summary
@@ -52,11 +50,11 @@ def answer_path(plan: Plan, model) -> tuple[str, str, str | None]:
     the pool may change in its answers, if anything."""
     if plan.spec.decode_batch_size == 1:
         return "pipeline", "decode_batch_size=1 asks for kvpress's pipeline path, one question at a time", None
-    reason = why_not_shared_prefill(plan.press, plan.spec.attention) or why_not_pooled(model)
+    reason = plan.profile.why_not_shared_prefill(plan.spec.attention) or why_not_pooled(model)
     if reason is not None:
         logger.info("%s takes kvpress's pipeline path: %s", plan.out.name, reason)
         return "pipeline", reason, None
-    decoding = decoding_part(plan.press)
+    decoding = plan.profile.decoding
     if decoding is not None:
         why = (
             f"the press compresses while decoding: each row compresses its own cache on its own schedule in the pool, "
@@ -267,7 +265,7 @@ def run(cfg: DictConfig) -> dict:
 
 
 def _run_on_one_model(specs: list[PointSpec], models: Models) -> list[Recorder]:
-    if any(changes_the_model(described(spec.press)) for spec in specs):
+    if any(profile(described(spec.press)).changes_model for spec in specs):
         models = Models()  # its own model and tokenizer, changed for this configuration alone (config.model_key)
     tokenizer = models.tokenizer(instantiate(specs[0].model_source))
     recorders = [Recorder(make_plan(spec, tokenizer)) for spec in specs]
@@ -309,7 +307,7 @@ def _answer(pending: list[Recorder], model, tokenizer) -> None:
     """Answer the pending points on their model: the pooled ones together, the others one by one through kvpress's
     pipeline."""
     for recorder in pending:
-        prepare_model(recorder.plan.press, model, tokenizer, recorder.plan.spec.seed)
+        recorder.plan.profile.prepare_model(model, tokenizer, recorder.plan.spec.seed)
     budgets = []
     for recorder in pending:
         budget, truncated = context_budget(recorder.plan, model, tokenizer)

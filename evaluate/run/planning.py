@@ -15,6 +15,7 @@ from evaluate.errors import ConfigError
 from evaluate.points.config import build_press, validate_budget, validate_context_lengths, warn_uncompressed_decoding
 from evaluate.points.plan import Plan, context_id
 from evaluate.points.point import PointSpec
+from evaluate.press_profile import profile
 from evaluate.score.answer_length import TOKENS
 
 
@@ -105,11 +106,13 @@ def make_plan(spec: PointSpec, tokenizer) -> Plan:
     done = {row["id"] for row in kept}
     contexts = spec.shard.contexts(sample.context for sample in samples)
     share = tuple(sample for sample in samples if sample.context in contexts)
+    press = build_press(spec)
     return Plan(
         spec=spec,
         benchmark=benchmark,
         source=instantiate(spec.model_source),
-        press=build_press(spec),
+        press=press,
+        profile=profile(press),
         samples=tuple(samples),
         kept_rows=tuple(kept),
         share=share,

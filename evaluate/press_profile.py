@@ -1,16 +1,25 @@
-"""What a press needs from the harness: one table of press classes and their traits, read wherever a trait is
-asked. kvpress's classes declare none of these, so they are declared here, once; adding a press or a scorer that
-needs one means one row.
+"""Every fact the harness reads of a press, in one place: the one module that tests a press's classes.
+
+kvpress's classes declare none of what the harness must know of them (whether ``compress`` writes into its inputs,
+whether scores can be shared, which attention it needs, what it downloads), so :data:`TRAITS` declares it, one row
+per class; adding a press or a scorer that needs one means one row. Around the table, each question the harness asks
+of a press object is answered here and nowhere else: its prefill and decoding parts, the knobs kvpress's runner sets
+on it, whether and how it keeps a token budget, its tensor stand-in, Finch's extra steps, and each reason it cannot
+take a path ("why not" pooled, budgeted, teacher-forced, multi-turn). :func:`profile` gathers them for one press
+into a :class:`PressProfile`, which a point's plan carries (evaluate/points/plan.py) and the engine, the loader and
+the checks read. It imports kvpress and the presses alone, so every stage, and the registry, may import it.
 """
 
 from dataclasses import dataclass
 from functools import cache
 
+import torch
 from kvpress import (
     AdaKVPress,
     BasePress,
     CAMPress,
     ChunkKVPress,
+    ComposedPress,
     DecodingPress,
     DMSPress,
     DuoAttentionPress,
@@ -27,14 +36,17 @@ from kvpress import (
     QFilterPress,
     RandomPress,
     RestoreKVPress,
+    ScorerPress,
     SnapKVPress,
     StreamingLLMPress,
+    ThinKPress,
     TOVAPress,
 )
 from kvpress import EntropyGatedChunkKVPress as UpstreamEntropyGatedChunkKVPress
 
 from presses.chunkkv_exact import ExactChunkKVPress
 from presses.eg_chunkkv import EntropyGatedChunkKVPress
+from presses.exact_budget import ExactBudgetSelection
 from scorers.dropkv import DropKVPress
 
 
@@ -303,3 +315,154 @@ def why_not_multi_turn(press: BasePress | None, history: str) -> str | None:
             "place; use history=model"
         )
     return None
+
+
+def budget_scorer(press: BasePress | None) -> ScorerPress | None:
+    """The ScorerPress whose ``compression_ratio`` decides how many pairs ``press`` keeps, where it keeps
+    ``int(L * (1 - ratio))`` of an L-token context (evaluate/points/budget.py sets that ratio for a token budget);
+    None for a press that keeps another count."""
+    if isinstance(press, ScorerPress) and type(press).compress is ScorerPress.compress:
+        return press  # per head (the topk presses, kvpress's registry entries of one scorer)
+    exact = isinstance(press, ExactBudgetSelection) or type(press) is UpstreamEntropyGatedChunkKVPress
+    if (exact or type(press) is AdaKVPress) and isinstance(press.press, ScorerPress):
+        return press.press  # per layer (exact budgets), or in total over the heads (AdaKV)
+    return None
+
+
+def why_not_budget(press: BasePress | None) -> str | None:
+    """Why ``press`` cannot keep a token budget, in words that name the fix; None when it can."""
+    if decoding_part(press) is not None:
+        return (
+            "it compresses while decoding, not the context; its own token budget is target_size: give "
+            "target_size=N instead of budget=N"
+        )
+    if isinstance(press, ChunkKVPress) and budget_scorer(press) is None:
+        return (
+            "kvpress's ChunkKVPress keeps whole chunks, int(n_chunks * (1 - cr)), so no ratio keeps exactly N "
+            "tokens; use press=chunkkv_exact, its exact budget"
+        )
+    if budget_scorer(press) is None:
+        names = "/".join(type(member).__name__ for member in members(press))
+        return (
+            f"{names} does not keep int(L * (1 - cr)) pairs of an L-token context (its budget is split otherwise), "
+            "so no ratio keeps exactly N; use cr=, or a topk, adakv, chunkkv_exact or eg_chunkkv press"
+        )
+    return None
+
+
+def kvpress_chunk_lengths(press: BasePress | None) -> list[int]:
+    """The chunk length of each member of ``press`` that keeps whole chunks by kvpress's own ``ChunkKVPress.compress``
+    (press=chunkkv, method=chunkkv), whose budget rounds to ``int(n_chunks * (1 - cr))`` chunks; presses/
+    chunkkv_exact.py's exact budget is not one."""
+    return [
+        member.chunk_length
+        for member in members(press)
+        if isinstance(member, ChunkKVPress) and type(member).compress is ChunkKVPress.compress
+    ]
+
+
+# The knobs kvpress's runner (``EvaluationRunner._setup_press``) sets on each family of presses beside, or instead
+# of, the compression ratio; the registry's build sets them (evaluate/registry.py) and refuses any other.
+RUNNER_FAMILIES: tuple[tuple[type[BasePress], str, tuple[str, ...]], ...] = (
+    (DuoAttentionPress, "duo_attention", ("head_compression_ratio",)),
+    (DMSPress, "dms", ("threshold",)),
+    (ComposedPress, "composed", ()),
+    (ThinKPress, "think", ("key_channel_compression_ratio",)),
+    (DecodingPress, "decoding", ("compression_interval", "target_size", "hidden_states_buffer_size")),
+)
+
+
+def runner_family(press: BasePress | None) -> str:
+    """Which way kvpress's runner sets ``press``'s knobs: the name of its :data:`RUNNER_FAMILIES` row (the first
+    that matches, in the runner's order), else ``ratio`` (the compression ratio, where it has one)."""
+    return next((name for kind, name, _ in RUNNER_FAMILIES if isinstance(press, kind)), "ratio")
+
+
+def knobs_read(press: BasePress | None) -> set[str]:
+    """The runner knobs ``press`` (a registry entry) reads; a ComposedPress reads its members'."""
+    inner = press.presses if isinstance(press, ComposedPress) else [press]
+    return {knob for member in inner for kind, _, read in RUNNER_FAMILIES if isinstance(member, kind) for knob in read}
+
+
+def prepare_model(press: BasePress | None, model, tokenizer, seed: int) -> None:
+    """What kvpress's runner does to a freshly loaded model and tokenizer before a press's run (Finch's token)."""
+    if isinstance(press, FinchPress):
+        # Resizing the embeddings draws the new row at random: seeded, so that a run is reproducible.
+        torch.manual_seed(seed)
+        press.update_model_and_tokenizer(model, tokenizer, FINCH_DELIMITER)
+
+
+def stand_in(press: BasePress) -> str | None:
+    """The name of the tensor stand-in that compresses a layer exactly as ``press`` would, without the attention
+    weights its own hook receives (evaluate/engine/exact_compress.py's ``STAND_INS``): kvpress's ChunkKV and
+    EG-ChunkKV classes, exactly (a subclass may compress otherwise)."""
+    return {ChunkKVPress: "chunkkv", UpstreamEntropyGatedChunkKVPress: "entropy_gated_chunkkv"}.get(type(press))
+
+
+def keeps_every_key(press: DecodingPress) -> bool:
+    """Whether a decoding-time press's compressions leave the cache whole and mask keys instead (AdaKV as the base
+    press)."""
+    return isinstance(press.base_press, AdaKVPress)
+
+
+def prefill_hook(press: BasePress | None) -> BasePress | None:
+    """The press kvpress's pipeline runs the prefill under: ``press`` whole, but none for a ``DecodingPress``,
+    which compresses only while decoding."""
+    return None if press is None or isinstance(press, DecodingPress) else press
+
+
+@dataclass(frozen=True)
+class PressProfile:
+    """Every fact about one point's press that the engine, the loader and the checks read (:func:`profile` builds
+    it; each field's function above says what it means). ``None`` press: press=none, which has none of them."""
+
+    press: BasePress | None
+    prefill: BasePress | None
+    decoding: DecodingPress | None
+    budget_scorer: ScorerPress | None
+    knobs_read: frozenset[str]
+    decodes_per_sample: bool
+    changes_model: bool
+    compressed_suffix: str
+    needs_eager: bool
+    needs_non_eager: bool
+    needs_query_aware: bool
+    downloads: str | None
+    kvpress_defect: str | None
+    why_not_budget: str | None
+    why_not_decoding_window: str | None
+    why_not_teacher_forced: str | None
+
+    def why_not_shared_prefill(self, attention: str) -> str | None:
+        """Why this press cannot be applied to a prefill shared with other points (:func:`why_not_shared_prefill`)."""
+        return why_not_shared_prefill(self.press, attention)
+
+    def why_not_multi_turn(self, history: str) -> str | None:
+        """Why a conversation cannot be asked on one cache under this press (:func:`why_not_multi_turn`)."""
+        return why_not_multi_turn(self.press, history)
+
+    def prepare_model(self, model, tokenizer, seed: int) -> None:
+        """kvpress's runner's steps on a fresh model for this press (:func:`prepare_model`)."""
+        prepare_model(self.press, model, tokenizer, seed)
+
+
+def profile(press: BasePress | None) -> PressProfile:
+    """The profile of ``press``: every answer above, asked once."""
+    return PressProfile(
+        press=press,
+        prefill=prefill_part(press),
+        decoding=decoding_part(press),
+        budget_scorer=budget_scorer(press),
+        knobs_read=frozenset(knobs_read(press)) if press is not None else frozenset(),
+        decodes_per_sample=decodes_per_sample(press),
+        changes_model=changes_the_model(press),
+        compressed_suffix=compressed_suffix(press),
+        needs_eager=needs_eager(press),
+        needs_non_eager=needs_non_eager(press),
+        needs_query_aware=needs_query_aware(press),
+        downloads=downloads(press),
+        kvpress_defect=kvpress_defect(press),
+        why_not_budget=why_not_budget(press) if press is not None else None,
+        why_not_decoding_window=why_not_decoding_window(press),
+        why_not_teacher_forced=why_not_teacher_forced(press),
+    )
