@@ -133,6 +133,11 @@ class RowCompression:
         self.steps = [0] * self.layers
         self.masked = [None] * self.layers
 
+    def final_state(self, cache: RowStore, slot: int) -> tuple[tuple[int, ...], tuple, bool]:
+        """What a finished row records of its compression: each layer's length as it left, the keys its last
+        compression masked on each layer, and whether any compression removed pairs."""
+        return tuple(cache.host_lengths[:, slot].tolist()), tuple(self.masked), self.removals > 0
+
     def after_pass(
         self, cache: RowStore, slot: int, modules, inputs: LayerInputs, batch_index: int, query_length: int
     ) -> None:
@@ -231,20 +236,33 @@ def _fake_keys(query: torch.Tensor, slots: list[int], kv_heads: int) -> torch.Te
     return search_hyperplane(grouped).view(count, kv_heads, head_dim)
 
 
+@dataclass
+class NoCompression:
+    """The compression policy of a row that does not compress while decoding (every row but a decoding-time
+    press's, and a teacher-forced one): it masks nothing, does nothing after a pass, and records no final state."""
+
+    masked: tuple = ()
+
+    def final_state(self, cache: RowStore, slot: int) -> tuple[None, None, None]:
+        return None, None, None
+
+    def after_pass(self, *args) -> None:
+        return None
+
+
 def compress_after_pass(
     cache: RowStore, modules, inputs: LayerInputs, served: list[tuple[int, object, int, int]]
 ) -> dict[int, Exception]:
     """Run each served row's decoding compression after a pool pass: ``served`` lists (slot, row, line of the row in
-    the pass, real query length) for the rows the pass served; rows without a decoding press are skipped. Returns
+    the pass, real query length) for the rows the pass served (a row without a decoding press does nothing). Returns
     the slots whose press raised, with its exception: a row's compression touches its own slot alone, so the other
     rows go on as if the failing row had never been in the pool (its point's failure stays its own)."""
     failures = {}
     for slot, row, batch_index, query_length in served:
-        if row.compression is not None:
-            try:
-                row.compression.after_pass(cache, slot, modules, inputs, batch_index, query_length)
-            except Exception as failure:
-                failures[slot] = failure
+        try:
+            row.compression.after_pass(cache, slot, modules, inputs, batch_index, query_length)
+        except Exception as failure:
+            failures[slot] = failure
     return failures
 
 

@@ -191,7 +191,7 @@ class DecodingPool:
         self.cache.masked = {
             slot: row.compression.masked
             for slot, row in zip(plan.slots, plan.rows, strict=True)
-            if row.compression is not None and any(row.compression.masked)
+            if any(row.compression.masked)
         }
         tokens = self.runner.decode(self.cache, plan.rows)
         self.cache.masked, failed, self.cache.failed = {}, self.cache.failed, {}
@@ -288,8 +288,7 @@ class DecodingPool:
             done = _finished(row.tokens, row.max_new_tokens, self.stop_ids)
         if not done:
             return []
-        conversation = row.request.conversation
-        if conversation is None or conversation.last_turn:
+        if row.turns.last_turn:  # a single question's answer, or a conversation's last turn
             return [self._leave(slot, row, row.tokens)]
         answered = [] if row.forced is not None else [self._answered(slot, row, list(row.tokens))]
         # The next turn: what leaves the cache of this answer, then the row waits for its next question pass.
@@ -300,10 +299,7 @@ class DecodingPool:
 
     def _answered(self, slot: int, row: RunningRow, output) -> FinishedRow:
         """A row's answer as it stands in its slot: for a decoding press, with the lengths and masks it left."""
-        final, masks, compressed = None, None, None
-        if row.compression is not None:
-            final, masks = tuple(self.cache.host_lengths[:, slot].tolist()), tuple(row.compression.masked)
-            compressed = row.compression.removals > 0
+        final, masks, compressed = row.compression.final_state(self.cache, slot)
         return FinishedRow(row.request.tag, output, row.cost, final, masks, row.turn, compressed=compressed)
 
     def _leave(self, slot: int, row: RunningRow, output) -> FinishedRow:

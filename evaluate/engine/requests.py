@@ -8,8 +8,8 @@ from kvpress import DecodingPress
 from transformers import DynamicCache
 
 from evaluate.engine.cost import Cost
-from evaluate.engine.decoding_compression import RowCompression, decoding_slot_length
-from evaluate.engine.turns import Conversation
+from evaluate.engine.decoding_compression import NoCompression, RowCompression, decoding_slot_length
+from evaluate.engine.turns import Conversation, SingleQuestion
 
 
 @dataclass
@@ -60,6 +60,20 @@ class DecodeRequest:
         return torch.cat([self.question_ids, self.answer_ids.to(self.question_ids.device)], dim=-1)
 
     @property
+    def turns(self) -> "Conversation | SingleQuestion":
+        """What happens when the row's answer ends: a conversation's next turn, or the row leaves."""
+        if self.conversation is not None:
+            return self.conversation
+        return SingleQuestion(self.input_ids, self.max_new_tokens)
+
+    def row_compression(self) -> RowCompression | NoCompression:
+        """What the row does after each of its passes: compress its own cache, as its decoding-time press compresses
+        a row alone, or nothing (no such press, or a teacher-forced row, which generates nothing)."""
+        if self.decoding is not None and self.answer_ids is None:
+            return RowCompression(self.decoding, len(self.cache.layers))
+        return NoCompression()
+
+    @property
     def nbytes(self) -> int:
         return sum(layer.keys.nbytes + layer.values.nbytes for layer in self.cache.layers)
 
@@ -79,8 +93,9 @@ class DecodeRequest:
 @dataclass
 class RunningRow:
     """A request while it holds a slot: the tokens so far, its cost, its slot's length, and its decoding-compression
-    state if its request has a decoding press; the input its next question pass runs and that input's first position
-    (a conversation's turn after turn), and the tokens a replayed turn feeds back instead of its greedy ones.
+    state if its request has a decoding press; its turns (:attr:`DecodeRequest.turns`: what happens when its answer
+    ends); the input its next question pass runs and that input's first position (a conversation's turn after turn),
+    and the tokens a replayed turn feeds back instead of its greedy ones.
 
     Made once the slot holds the request's keys and values: the row keeps its request without the cache, which
     would otherwise stay in memory beside its slot's copy until the row leaves (the cache is freed once no waiting
@@ -89,7 +104,8 @@ class RunningRow:
     request: DecodeRequest
     tokens: list[int] = field(default_factory=list)
     cost: RowCost = field(default_factory=RowCost)
-    compression: RowCompression | None = None
+    compression: RowCompression | NoCompression | None = None
+    turns: "Conversation | SingleQuestion | None" = None
     slot_length: int = 0
     input_ids: torch.Tensor | None = None
     start_position: int = 0
@@ -98,33 +114,29 @@ class RunningRow:
 
     def __post_init__(self) -> None:
         self.slot_length = self.request.slot_length()
-        if self.request.decoding is not None and self.request.answer_ids is None and self.compression is None:
-            self.compression = RowCompression(self.request.decoding, len(self.request.cache.layers))
-        self.input_ids, self.start_position = self.request.input_ids, self.request.context_length
-        conversation = self.request.conversation
-        if conversation is not None:
-            conversation.start(self.request.context_length)
-            self.input_ids, self.forced = conversation.input_ids, conversation.forced()
+        if self.compression is None:
+            self.compression = self.request.row_compression()
+        self.turns = turns = self.request.turns
+        turns.start(self.request.context_length)
+        self.input_ids, self.start_position, self.forced = turns.input_ids, turns.position, turns.forced()
         self.request = replace(self.request, cache=None, hidden=())
 
     @property
     def turn(self) -> int | None:
-        return None if self.request.conversation is None else self.request.conversation.turn
+        return self.turns.turn
 
     @property
     def max_new_tokens(self) -> int:
-        conversation = self.request.conversation
-        return self.request.max_new_tokens if conversation is None else conversation.max_new_tokens[conversation.turn]
+        return self.turns.turn_max_new_tokens
 
     def next_turn(self) -> int:
         """Move on to the conversation's next turn; returns how many of the slot's last positions to drop."""
-        conversation = self.request.conversation
-        dropped = conversation.next_turn(self.tokens)
+        dropped = self.turns.next_turn(self.tokens)
         if self.forced is None:  # a replayed turn's passes go to the next answered turn, as on the pipeline's path
             self.cost = RowCost()
         self.tokens = []
-        self.input_ids, self.start_position = conversation.input_ids, conversation.position
-        self.forced = conversation.forced()
+        self.input_ids, self.start_position = self.turns.input_ids, self.turns.position
+        self.forced = self.turns.forced()
         return dropped
 
 

@@ -87,6 +87,11 @@ class Conversation:
     def last_turn(self) -> bool:
         return self.turn == len(self.inputs) - 1
 
+    @property
+    def turn_max_new_tokens(self) -> int:
+        """The tokens this turn's answer may generate."""
+        return self.max_new_tokens[self.turn]
+
     def forced(self) -> tuple[int, ...] | None:
         """The tokens a replayed turn feeds back: its recorded answer under ``history=model``, nothing (its question
         alone, the answer being dropped anyway) under ``history=reference``; None for a turn to answer."""
@@ -117,3 +122,26 @@ class Conversation:
         references = sum(reference.shape[1] for reference in self.references if reference is not None)
         inputs = sum(ids.shape[1] for ids in self.inputs) + len(self.inputs)  # a kept answer's last token each
         return cache_length + inputs + references + sum(self.max_new_tokens) + 1
+
+
+@dataclass
+class SingleQuestion:
+    """The turns of a row that asks one question, every row but a conversation's (whose turns are a
+    :class:`Conversation`): one input at the context's length, nothing replayed, and the row leaves once its answer
+    ends. A row's turns say what happens when its answer ends, so a conversation's row and a single question's go
+    through the same pool step (evaluate/engine/decoding_pool.py)."""
+
+    input_ids: torch.Tensor
+    turn_max_new_tokens: int
+    turn: None = None
+    last_turn: bool = True
+    position: int = 0
+
+    def start(self, context_length: int) -> None:
+        self.position = context_length
+
+    def forced(self) -> None:
+        return None
+
+    def next_turn(self, answer: list[int]) -> int:
+        raise ValueError("a single question has no next turn")
