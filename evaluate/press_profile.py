@@ -413,33 +413,21 @@ def prefill_hook(press: BasePress | None) -> BasePress | None:
 
 @dataclass(frozen=True)
 class PressProfile:
-    """Every fact about one point's press that the engine, the loader and the checks read (:func:`profile` builds
-    it; each field's function above says what it means). ``None`` press: press=none, which has none of them."""
+    """The facts about one point's press that the engine and the loader read once it is built (:func:`profile`
+    builds it; each field's function above says what it means; the checks before the model loads ask those functions
+    of the described press). ``None`` press: press=none, which has none of them."""
 
     press: BasePress | None
     prefill: BasePress | None
     decoding: DecodingPress | None
-    budget_scorer: ScorerPress | None
-    knobs_read: frozenset[str]
     decodes_per_sample: bool
     changes_model: bool
     compressed_suffix: str
-    needs_eager: bool
-    needs_non_eager: bool
-    needs_query_aware: bool
-    downloads: str | None
-    kvpress_defect: str | None
-    why_not_budget: str | None
-    why_not_decoding_window: str | None
     why_not_teacher_forced: str | None
 
     def why_not_shared_prefill(self, attention: str) -> str | None:
         """Why this press cannot be applied to a prefill shared with other points (:func:`why_not_shared_prefill`)."""
         return why_not_shared_prefill(self.press, attention)
-
-    def why_not_multi_turn(self, history: str) -> str | None:
-        """Why a conversation cannot be asked on one cache under this press (:func:`why_not_multi_turn`)."""
-        return why_not_multi_turn(self.press, history)
 
     def prepare_model(self, model, tokenizer, seed: int) -> None:
         """kvpress's runner's steps on a fresh model for this press (:func:`prepare_model`)."""
@@ -452,17 +440,8 @@ def profile(press: BasePress | None) -> PressProfile:
         press=press,
         prefill=prefill_part(press),
         decoding=decoding_part(press),
-        budget_scorer=budget_scorer(press),
-        knobs_read=frozenset(knobs_read(press)) if press is not None else frozenset(),
         decodes_per_sample=decodes_per_sample(press),
         changes_model=changes_the_model(press),
         compressed_suffix=compressed_suffix(press),
-        needs_eager=needs_eager(press),
-        needs_non_eager=needs_non_eager(press),
-        needs_query_aware=needs_query_aware(press),
-        downloads=downloads(press),
-        kvpress_defect=kvpress_defect(press),
-        why_not_budget=why_not_budget(press) if press is not None else None,
-        why_not_decoding_window=why_not_decoding_window(press),
         why_not_teacher_forced=why_not_teacher_forced(press),
     )
