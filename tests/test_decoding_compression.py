@@ -31,7 +31,7 @@ from transformers import DynamicCache
 
 from evaluate import rundir
 from evaluate.engine.context_budget import make_pipeline
-from evaluate.engine.decoding_compression import decoding_slot_length
+from evaluate.engine.decoding_compression import DecodingCompression
 from evaluate.engine.decoding_pool import DecodingPool
 from evaluate.engine.requests import DecodeRequest
 from evaluate.engine.slot_cache import SlotCache
@@ -170,8 +170,8 @@ def test_an_adakv_decoding_rows_slot_holds_its_whole_answer():
     """AdaKV under a DecodingPress masks keys and removes none, so the budget counts every token the row writes."""
     adakv = DecodingPress(AdaKVPress(SnapKVPress()), compression_interval=8, target_size=40)
     knorm = DecodingPress(KnormPress(), compression_interval=8, target_size=40)
-    assert decoding_slot_length(adakv, 300, 20, 100) == 300 + 20 + 100
-    assert decoding_slot_length(knorm, 300, 20, 100) == 300 + 20 + 8
+    assert DecodingCompression(adakv).slot_length(300, 20, 100) == 300 + 20 + 100
+    assert DecodingCompression(knorm).slot_length(300, 20, 100) == 300 + 20 + 8
 
 
 def pool_requests(target_size: int, interval: int, max_new_tokens: int) -> tuple[object, list[DecodeRequest]]:
@@ -184,9 +184,9 @@ def pool_requests(target_size: int, interval: int, max_new_tokens: int) -> tuple
         cache = DynamicCache()
         with torch.no_grad():
             model.model(input_ids=tokens["context_ids"], past_key_values=cache)
-        press = DecodingPress(KnormPress(), compression_interval=interval, target_size=target_size)
+        press = DecodingCompression(DecodingPress(KnormPress(), compression_interval=interval, target_size=target_size))
         length = tokens["context_ids"].shape[1]
-        requests.append(DecodeRequest(cache, tokens["questions_ids"][0], length, max_new_tokens, decoding=press))
+        requests.append(DecodeRequest(cache, tokens["questions_ids"][0], length, max_new_tokens, compression=press))
     return model, requests
 
 

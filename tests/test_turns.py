@@ -17,6 +17,7 @@ import torch
 from transformers import DynamicCache
 
 from evaluate import rundir
+from evaluate.engine.decoding_compression import NoCompression
 from evaluate.engine.teacher_forcing import answer_text
 from evaluate.engine.turns import Conversation, follow_up_text
 from evaluate.errors import ConfigError
@@ -188,7 +189,7 @@ def test_a_conversation_moves_on_as_its_history_says():
     # Model: nothing leaves; the stop token is not fed back (the follow-up writes the end of the message).
     assert conversation.next_turn([6, stop]) == 0
     assert (conversation.position, conversation.input_ids.tolist()) == (106, [[4, 5]])
-    assert conversation.slot_length(50) == 50 + (2 + 1 + 2) + 3 + (2 + 1) + 12 + 1
+    assert conversation.slot_length(50, NoCompression()) == 50 + (2 + 1 + 2) + 3 + (2 + 1) + 12 + 1
 
 
 def test_the_follow_up_is_the_chat_template_s_next_user_message():

@@ -28,7 +28,7 @@ per layer, and :func:`write_fake_keys` writes the fake keys into the row's slot 
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import numpy as np
 import torch
@@ -47,6 +47,19 @@ class RowStore(Protocol):
     def row(self, layer_idx: int, slot: int) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     def replace_row(self, layer_idx: int, slot: int, keys: torch.Tensor, values: torch.Tensor) -> None: ...
+
+
+class CompressionPolicy(Protocol):
+    """What a row does to its own cache after each of its pool passes (``DecodeRequest.compression``):
+    :class:`DecodingCompression` or :class:`NoCompression`. ``start`` gives one row's running state, which the pool
+    calls after each pass (``after_pass``), reads the masks of before a decoding step (``masked``) and asks what the
+    row left when it finishes (``final_state``)."""
+
+    reads_layer_inputs: ClassVar[bool]
+
+    def start(self, layers: int): ...
+
+    def slot_length(self, cache_length: int, question_length: int, max_new_tokens: int) -> int: ...
 
 
 def removes_pairs(press: DecodingPress, keys: torch.Tensor) -> bool:
@@ -73,21 +86,6 @@ def counting_removals(press: DecodingPress | None) -> Iterator[list[int]]:
         yield count
     finally:
         del press.compress
-
-
-def decoding_slot_length(press: DecodingPress, cache_length: int, question_length: int, max_new_tokens: int) -> int:
-    """Positions a decoding row's slot needs: its longest moment, plus the spare last position padding writes to.
-
-    A row writes its question and ``max_new_tokens - 1`` answer tokens (the last token is never fed back). Until its
-    first compression, after ``compression_interval`` steps (the question pass being the first), it holds its cache,
-    question and ``compression_interval - 1`` tokens; after each compression at most ``target_size``, and
-    ``compression_interval`` tokens more before the next. A press that masks instead (AdaKV) holds them all.
-    """
-    written = cache_length + question_length + max_new_tokens - 1
-    if keeps_every_key(press):
-        return written + 1
-    before_first = cache_length + question_length + press.compression_interval - 1
-    return min(written, max(before_first, press.target_size + press.compression_interval)) + 1
 
 
 class LayerInputs:
@@ -236,12 +234,52 @@ def _fake_keys(query: torch.Tensor, slots: list[int], kv_heads: int) -> torch.Te
     return search_hyperplane(grouped).view(count, kv_heads, head_dim)
 
 
-@dataclass
+@dataclass(frozen=True)
+class DecodingCompression:
+    """The compression policy of a row whose press compresses while decoding (kvpress's ``DecodingPress``): after
+    each of its passes the row compresses its own cache (:class:`RowCompression`, started once per row, holds the
+    state). A row carries its policy (``DecodeRequest.compression``), so the pool runs every policy the same way: a
+    new one is a class with these members."""
+
+    press: DecodingPress
+    reads_layer_inputs: ClassVar[bool] = True  # the pool keeps each pass's attention inputs for it (LayerInputs)
+
+    def start(self, layers: int) -> RowCompression:
+        """The policy's state for one row of ``layers`` layers, fresh for each row that runs."""
+        return RowCompression(self.press, layers)
+
+    def slot_length(self, cache_length: int, question_length: int, max_new_tokens: int) -> int:
+        """Positions the row's slot needs: its longest moment, plus the spare last position padding writes to.
+
+        A row writes its question and ``max_new_tokens - 1`` answer tokens (the last token is never fed back). Until
+        its first compression, after ``compression_interval`` steps (the question pass being the first), it holds its
+        cache, question and ``compression_interval - 1`` tokens; after each compression at most ``target_size``, and
+        ``compression_interval`` tokens more before the next. A press that masks instead (AdaKV) holds them all.
+        """
+        press = self.press
+        written = cache_length + question_length + max_new_tokens - 1
+        if keeps_every_key(press):
+            return written + 1
+        before_first = cache_length + question_length + press.compression_interval - 1
+        return min(written, max(before_first, press.target_size + press.compression_interval)) + 1
+
+
+@dataclass(frozen=True)
 class NoCompression:
     """The compression policy of a row that does not compress while decoding (every row but a decoding-time
-    press's, and a teacher-forced one): it masks nothing, does nothing after a pass, and records no final state."""
+    press's, and a teacher-forced one): it masks nothing, does nothing after a pass, and records no final state. It
+    holds no state, so each row's is the policy itself."""
 
     masked: tuple = ()
+    reads_layer_inputs: ClassVar[bool] = False
+
+    def start(self, layers: int) -> "NoCompression":
+        return self
+
+    def slot_length(self, cache_length: int, question_length: int, max_new_tokens: int) -> int:
+        """Its cache, its question, the ``max_new_tokens - 1`` answer tokens fed back and the spare last position
+        padding writes to (a teacher-forced row, which generates nothing, keeps that one)."""
+        return cache_length + question_length + max(max_new_tokens, 1)
 
     def final_state(self, cache: RowStore, slot: int) -> tuple[None, None, None]:
         return None, None, None
@@ -250,11 +288,18 @@ class NoCompression:
         return None
 
 
+def compression_policy(decoding: DecodingPress | None) -> CompressionPolicy:
+    """What each row of a point does to its own cache after its passes, given its press's decoding part: compress it
+    on the press's schedule, or nothing."""
+    return NoCompression() if decoding is None else DecodingCompression(decoding)
+
+
 def compress_after_pass(
-    cache: RowStore, modules, inputs: LayerInputs, served: list[tuple[int, object, int, int]]
+    cache: RowStore, modules, inputs: LayerInputs | None, served: list[tuple[int, object, int, int]]
 ) -> dict[int, Exception]:
-    """Run each served row's decoding compression after a pool pass: ``served`` lists (slot, row, line of the row in
-    the pass, real query length) for the rows the pass served (a row without a decoding press does nothing). Returns
+    """Run each served row's compression policy after a pool pass: ``served`` lists (slot, row, line of the row in
+    the pass, real query length) for the rows the pass served (a row that does not compress does nothing);
+    ``inputs``, the pass's attention inputs, None unless a served row's policy reads them. Returns
     the slots whose press raised, with its exception: a row's compression touches its own slot alone, so the other
     rows go on as if the failing row had never been in the pool (its point's failure stays its own)."""
     failures = {}

@@ -52,11 +52,6 @@ def stop_token_ids(model) -> set[int]:
     return set(eos if isinstance(eos, list) else [eos])
 
 
-def _finished(tokens: list[int], max_new_tokens: int, stop_ids: set[int]) -> bool:
-    # The pipeline never tests its first token (the question's own output) against the stop tokens.
-    return len(tokens) >= max_new_tokens or (len(tokens) > 1 and tokens[-1] in stop_ids)
-
-
 def decode_memory_bytes(gib: float | None, model) -> int:
     """The pool's memory budget: ``decode_memory`` GiB, else half the GPU memory free now, else a quarter of RAM.
 
@@ -217,17 +212,15 @@ class DecodingPool:
         return finished
 
     def _layer_inputs(self):
-        """The attention inputs of this step's passes, kept only while a row compresses as it decodes."""
+        """The attention inputs of this step's passes, kept only while a row's compression policy reads them."""
         requests = [*self.waiting, *(row.request for row in self.rows if row is not None)]
-        if any(request.decoding is not None for request in requests):
+        if any(request.compression.reads_layer_inputs for request in requests):
             return LayerInputs(self.attention_modules)
         return nullcontext()
 
     def _compress(self, inputs: LayerInputs | None, served: list[tuple]) -> dict[int, Exception]:
-        """Each served row's decoding compression after a pass (evaluate/engine/decoding_compression.py); returns the
-        slots whose press raised, which fail alone (:meth:`_fail`)."""
-        if inputs is None:
-            return {}
+        """Each served row's compression policy after a pass (evaluate/engine/decoding_compression.py); returns the
+        slots whose policy raised, which fail alone (:meth:`_fail`)."""
         return compress_after_pass(self.cache, self.attention_modules, inputs, served)
 
     # Slots
@@ -277,20 +270,14 @@ class DecodingPool:
         self.rows = [self.rows[source] for source in order]
 
     def _append(self, slot: int, row: RunningRow, token: int) -> list[FinishedRow]:
-        if row.forced is not None:  # a replayed turn feeds back its recorded answer, not its greedy one
-            token = row.forced[len(row.tokens)]
-            self.cache.tokens[slot] = token
-            row.tokens.append(token)
-            done = len(row.tokens) == len(row.forced)
-        else:
-            row.tokens.append(token)
-            row.cost.generated_tokens += 1
-            done = _finished(row.tokens, row.max_new_tokens, self.stop_ids)
-        if not done:
+        ended = row.take(token, self.stop_ids)
+        if row.turns.replaying:  # the next pass feeds back the recorded token the row took, not the greedy one
+            self.cache.tokens[slot] = row.tokens[-1]
+        if not ended:
             return []
         if row.turns.last_turn:  # a single question's answer, or a conversation's last turn
             return [self._leave(slot, row, row.tokens)]
-        answered = [] if row.forced is not None else [self._answered(slot, row, list(row.tokens))]
+        answered = [] if row.turns.replaying else [self._answered(slot, row, list(row.tokens))]
         # The next turn: what leaves the cache of this answer, then the row waits for its next question pass.
         self.cache.crop(slot, row.next_turn())
         self.cache.set_live(slot, 0)

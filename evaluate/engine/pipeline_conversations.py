@@ -1,6 +1,6 @@
-"""Conversations on kvpress's pipeline path (``turns=multi``): each conversation asked turn by turn on one cache
-with the pipeline's own steps (evaluate/engine/turns.py says what each turn's input is and what stays of its
-answer)."""
+"""Conversations on kvpress's pipeline path (``turns=multi``): a group whose turns are a conversation, asked turn by
+turn on one cache with the pipeline's own steps (evaluate/engine/turns.py says what each turn's input is and what
+stays of its answer)."""
 
 import time
 from collections.abc import Iterator
@@ -10,11 +10,12 @@ from types import SimpleNamespace
 import torch
 from transformers import DynamicCache
 
-from evaluate.engine.context_budget import chat_template_enabled, make_pipeline, pipeline_budget
+from evaluate.benchmarks import Sample
+from evaluate.engine.context_budget import chat_template_enabled, pipeline_budget
 from evaluate.engine.conversation_inputs import conversation_of
 from evaluate.engine.cost import Cost, kv_bytes, measure_kept_ratio
 from evaluate.engine.decoding_compression import kept_after_answer
-from evaluate.engine.pipeline_hooks import GreedyTokens, PrefillProbe
+from evaluate.engine.pipeline_hooks import GreedyTokens, PipelineRun, PrefillProbe
 from evaluate.engine.requests import AnsweredGroup, hidden_keys
 from evaluate.engine.turns import Conversation
 from evaluate.points.budget import apply_budget
@@ -22,44 +23,16 @@ from evaluate.points.plan import Plan
 from evaluate.press_profile import prefill_hook
 
 
-def answer_conversations(plan: Plan, model, tokenizer, budget: int) -> Iterator[AnsweredGroup]:
-    """Each conversation of ``plan`` turn by turn on one cache, with kvpress's pipeline's own steps: its tokenization,
-    its prefill under the press, its ``generate_answer`` for each turn (a decoding-time press hooked the while) and
-    its ``_remove_answer_from_cache`` (evaluate/engine/turns.py says what stays of each answer). Yields each turn's
-    answer (point 0) as it is finished; a failure fails the turn and every later turn of its conversation."""
-    pipe = make_pipeline(model, tokenizer, plan.spec.device)
-    tokens = GreedyTokens(pipe, plan.profile.decoding)
-    probe = PrefillProbe(model)
-    torch.manual_seed(plan.spec.seed)  # as answer_with_pipeline: kvpress's runner seeds once before its run
-    try:
-        for turns in plan.groups():
-            yield from _conversation(plan, pipe, tokens, probe, turns, budget)
-    finally:
-        probe.close()
-
-
-def _conversation(plan: Plan, pipe, tokens: GreedyTokens, probe: PrefillProbe, turns, budget) -> Iterator:
-    model, tokenizer, press = pipe.model, pipe.tokenizer, plan.press
+def ask_conversation(run: PipelineRun, plan: Plan, turns: list[Sample], budget: int) -> Iterator[AnsweredGroup]:
+    """One conversation turn by turn on one cache, with kvpress's pipeline's own steps: its tokenization, its prefill
+    under the press, its ``generate_answer`` for each turn (a decoding-time press hooked the while) and its
+    ``_remove_answer_from_cache`` (evaluate/engine/turns.py says what stays of each answer). Yields each turn's answer
+    (point 0) as it is finished; a failure fails the turn and every later turn of its conversation."""
+    pipe, tokens, probe, model, press = run.pipe, run.tokens, run.probe, run.pipe.model, plan.press
     asked = plan.asked(turns)
-    probe.reset()
-    tokens.removals = 0
     answered = 0
     try:
-        first = turns[0]
-        text = plan.compressed_text(first, plan.context(first, tokenizer, budget))
-        with chat_template_enabled(tokenizer, first.chat_template):
-            question = "" if plan.spec.query_aware else first.question
-            inputs = pipe.preprocess(text, [question], first.answer_prefix, pipeline_budget(plan, tokenizer, budget))
-        conversation = conversation_of(plan, turns, inputs["questions_ids"][0], tokenizer, tokens.stop_ids)
-        context_ids = inputs["context_ids"].to(model.device)
-        context_length = context_ids.shape[1]
-        if plan.spec.budget is not None:
-            apply_budget(press, context_length, plan.spec.budget)
-        cache = DynamicCache()
-        # kvpress's pipeline: the prefill under the press unless it only compresses while decoding.
-        prefill_press = prefill_hook(press)
-        with prefill_press(model) if prefill_press is not None else nullcontext(), torch.no_grad():
-            model.model(input_ids=context_ids, past_key_values=cache)
+        conversation, cache, context_length = _prefilled(run, plan, turns, budget)
         kept_ratio = measure_kept_ratio(model, cache, context_length)
         prefilled = [SimpleNamespace(keys=layer.keys) for layer in cache.layers]
         # The context's bytes are counted once per conversation, on its first answered turn, as on the pool's path.
@@ -96,6 +69,28 @@ def _conversation(plan: Plan, pipe, tokens: GreedyTokens, probe: PrefillProbe, t
     finally:
         for layer in model.model.layers:  # AdaKV's masks belong to this conversation's cache alone
             layer.self_attn.masked_key_indices = None
+
+
+def _prefilled(
+    run: PipelineRun, plan: Plan, turns: list[Sample], budget: int
+) -> tuple[Conversation, DynamicCache, int]:
+    """The conversation's context tokenized and prefilled as kvpress's pipeline does it (under the press, unless it
+    only compresses while decoding); its turns, its cache and its context's length."""
+    pipe, first = run.pipe, turns[0]
+    model, tokenizer = pipe.model, pipe.tokenizer
+    text = plan.compressed_text(first, plan.context(first, tokenizer, budget))
+    with chat_template_enabled(tokenizer, first.chat_template):
+        question = "" if plan.spec.query_aware else first.question
+        inputs = pipe.preprocess(text, [question], first.answer_prefix, pipeline_budget(plan, tokenizer, budget))
+    conversation = conversation_of(plan, turns, inputs["questions_ids"][0], tokenizer, run.tokens.stop_ids)
+    context_ids = inputs["context_ids"].to(model.device)
+    if plan.spec.budget is not None:
+        apply_budget(plan.press, context_ids.shape[1], plan.spec.budget)
+    cache = DynamicCache()
+    prefill_press = prefill_hook(plan.press)
+    with prefill_press(model) if prefill_press is not None else nullcontext(), torch.no_grad():
+        model.model(input_ids=context_ids, past_key_values=cache)
+    return conversation, cache, context_ids.shape[1]
 
 
 def _turn(pipe, tokens: GreedyTokens, probe: PrefillProbe, conversation: Conversation, cache, sample):

@@ -1,34 +1,31 @@
 """kvpress's pipeline path: each context group of a planned run answered by ``KVPressTextGenerationPipeline``.
 
-Samples that share a context (and answer prefix and generation length) are answered from one compressed cache
-with ``questions=``, exactly as kvpress's evaluation runs them. Under ``turns=multi`` each conversation is asked
-turn by turn on one cache with the pipeline's own steps (:func:`answer_conversations`). Also here: the context
-budget both engines apply, and a conversation's turns as both engines ask them (:func:`conversation_of`).
+One loop for both kinds of group (:func:`answer_with_pipeline`), on one :class:`PipelineRun`. Samples that share a
+context (and answer prefix and generation length) are answered from one compressed cache with ``questions=``, exactly
+as kvpress's evaluation runs them (:func:`ask_questions`). Under ``turns=multi`` a group is one conversation, asked
+turn by turn on one cache with the pipeline's own steps
+(evaluate/engine/pipeline_conversations.py:``ask_conversation``).
 """
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
-import torch
 from transformers import DynamicCache
 
 from evaluate.benchmarks import Sample
 from evaluate.engine.context_budget import (
     chat_template_enabled,
-    make_pipeline,
     pipeline_budget,
-    templated_context_length,
 )
 from evaluate.engine.cost import Cost, kv_bytes, measure_kept_ratio
 from evaluate.engine.decoding_pool import DecodingPool
 from evaluate.engine.devices import input_device
-from evaluate.engine.pipeline_conversations import answer_conversations
-from evaluate.engine.pipeline_hooks import GreedyTokens, PrefillProbe
+from evaluate.engine.pipeline_conversations import ask_conversation
+from evaluate.engine.pipeline_hooks import PipelineRun
 from evaluate.engine.requests import AnsweredGroup, hidden_keys
 from evaluate.engine.teacher_forcing import (
-    forcing_pool,
     likelihood_fields,
     reference_answer_ids,
     reference_log_probs,
@@ -51,8 +48,7 @@ class PipelineEngine:
         """Yields each point's answers on each context (each turn, under ``turns=multi``) as they are finished
         (``point`` indexes ``plans``)."""
         for point, (plan, budget) in enumerate(zip(plans, budgets, strict=True)):
-            answer = answer_conversations if plan.spec.turns == "multi" else answer_with_pipeline
-            for result in answer(plan, self.model, self.tokenizer, budget):
+            for result in answer_with_pipeline(plan, self.model, self.tokenizer, budget):
                 yield replace(result, point=point)
 
 
@@ -79,55 +75,62 @@ def _pipeline_answers(
 
 
 def answer_with_pipeline(plan: Plan, model, tokenizer, budget: int) -> Iterator[AnsweredGroup]:
-    """Each context group of ``plan`` through kvpress's pipeline, the press hooked into the prefill; yields each
-    group's answers (point 0: the one plan) as they are finished, a failed group's with its failure."""
-    pipe = make_pipeline(model, tokenizer, plan.spec.device)
-    tokens = GreedyTokens(pipe, plan.profile.decoding)
-    probe = PrefillProbe(model)
-    # kvpress's runner seeds once before its run: a press drawing random numbers (RandomPress, Compactor's sketch)
-    # draws the same ones here.
-    torch.manual_seed(plan.spec.seed)
-    forcing = forcing_pool(model) if plan.likelihood else None
-    length = templated_context_length(pipe, tokenizer)
+    """Each group of ``plan`` through kvpress's pipeline, asked as its turns say (``GROUP_ASKERS``); yields each
+    group's answers (each turn's, under ``turns=multi``; point 0: the one plan) as they are finished, a failed
+    group's with its failure."""
+    run = PipelineRun.start(plan, model, tokenizer)
+    ask = GROUP_ASKERS[plan.spec.turns]
     try:
         for group in plan.groups():
-            probe.reset()
-            tokens.reset()
-            tokens.removals = 0
-            group_start = time.perf_counter()
-            cache = DynamicCache()
-            inputs = _PipelineInputs(
-                text=plan.compressed_text(group[0], plan.context(group[0], tokenizer, budget)),
-                questions=["" if plan.spec.query_aware else sample.question for sample in group],
-                answer_prefix=group[0].answer_prefix,
-                max_context_length=pipeline_budget(plan, tokenizer, budget),
-            )
-            result = AnsweredGroup(0, group, [None] * len(group), None, None, Cost())
-            try:
-                answers = _pipeline_answers(pipe, plan, tokenizer, group, inputs, cache, length)
-                if plan.spec.generate:
-                    result.answers, result.generated = answers, tokens.answers
-                result.kept_ratio = measure_kept_ratio(model, cache, probe.context_length)
-                result.context_length = probe.context_length
-                held, kept = kv_bytes(model, cache)
-            except Exception as failure:
-                result.failure = failure
-                held = kept = 0
-            # The press compresses inside the prefill pass: its time is the prefill's here.
-            result.cost = Cost(
-                prefill_seconds=probe.seconds,
-                decode_seconds=time.perf_counter() - group_start - probe.seconds,
-                generated_tokens=probe.generated_tokens,
-                forward_passes=probe.forward_passes,
-                prefills=1,
-                kv_bytes_held=held,
-                kv_bytes_kept=kept,
-            )
-            if plan.likelihood and result.failure is None:
-                _add_likelihood(result, forcing, pipe, probe, plan, tokenizer, cache, inputs)
-            yield result
+            run.reset()
+            yield from ask(run, plan, group, budget)
     finally:
-        probe.close()
+        run.probe.close()
+
+
+def ask_questions(run: PipelineRun, plan: Plan, group: list[Sample], budget: int) -> Iterator[AnsweredGroup]:
+    """One context group's questions asked with kvpress's pipeline's ``questions=``, the press hooked into the
+    prefill; with their likelihood fields where the point wants them."""
+    model, tokenizer, probe = run.pipe.model, run.pipe.tokenizer, run.probe
+    group_start = time.perf_counter()
+    cache = DynamicCache()
+    inputs = _PipelineInputs(
+        text=plan.compressed_text(group[0], plan.context(group[0], tokenizer, budget)),
+        questions=["" if plan.spec.query_aware else sample.question for sample in group],
+        answer_prefix=group[0].answer_prefix,
+        max_context_length=pipeline_budget(plan, tokenizer, budget),
+    )
+    result = AnsweredGroup(0, group, [None] * len(group), None, None, Cost())
+    try:
+        answers = _pipeline_answers(run.pipe, plan, tokenizer, group, inputs, cache, run.length)
+        if plan.spec.generate:
+            result.answers, result.generated = answers, run.tokens.answers
+        result.kept_ratio = measure_kept_ratio(model, cache, probe.context_length)
+        result.context_length = probe.context_length
+        held, kept = kv_bytes(model, cache)
+    except Exception as failure:
+        result.failure = failure
+        held = kept = 0
+    # The press compresses inside the prefill pass: its time is the prefill's here.
+    result.cost = Cost(
+        prefill_seconds=probe.seconds,
+        decode_seconds=time.perf_counter() - group_start - probe.seconds,
+        generated_tokens=probe.generated_tokens,
+        forward_passes=probe.forward_passes,
+        prefills=1,
+        kv_bytes_held=held,
+        kv_bytes_kept=kept,
+    )
+    if plan.likelihood and result.failure is None:
+        _add_likelihood(result, run, plan, cache, inputs)
+    yield result
+
+
+# How a group is asked on the pipeline's path, by its turns (the pool's rows carry theirs: evaluate/engine/turns.py).
+GROUP_ASKERS: dict[str, Callable[[PipelineRun, Plan, list[Sample], int], Iterator[AnsweredGroup]]] = {
+    "independent": ask_questions,
+    "multi": ask_conversation,
+}
 
 
 @dataclass(frozen=True)
@@ -141,22 +144,16 @@ class _PipelineInputs:
 
 
 def _add_likelihood(
-    result: AnsweredGroup,
-    forcing: DecodingPool,
-    pipe,
-    probe: PrefillProbe,
-    plan: Plan,
-    tokenizer,
-    cache: DynamicCache,
-    inputs: _PipelineInputs,
+    result: AnsweredGroup, run: PipelineRun, plan: Plan, cache: DynamicCache, inputs: _PipelineInputs
 ) -> None:
     """The group's likelihood fields on the cache the pipeline left, their time and passes added to its cost."""
+    pipe, probe, tokenizer = run.pipe, run.probe, run.pipe.tokenizer
     start, passes = time.perf_counter(), probe.forward_passes
     group = result.group
     try:
         with chat_template_enabled(tokenizer, group[0].chat_template):
             tokens = pipe.preprocess(inputs.text, inputs.questions, inputs.answer_prefix, inputs.max_context_length)
-        result.likelihood = pipeline_likelihood(forcing, pipe.model, plan, tokenizer, group, cache, tokens)
+        result.likelihood = pipeline_likelihood(run.forcing, pipe.model, plan, tokenizer, group, cache, tokens)
     except Exception as failure:  # as on the pool's path: the group fails, named, and the run goes on
         result.failure = failure
     result.cost.likelihood_seconds = time.perf_counter() - start

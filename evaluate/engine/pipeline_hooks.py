@@ -1,15 +1,21 @@
 """What the harness reads off kvpress's pipeline while it runs, without changing a step of it: the prefill's time,
-passes and length (:class:`PrefillProbe`), and each answer's greedy token ids (:class:`GreedyTokens`)."""
+passes and length (:class:`PrefillProbe`), and each answer's greedy token ids (:class:`GreedyTokens`); and the
+pipeline a point's run asks with them (:class:`PipelineRun`)."""
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from kvpress import DecodingPress
 
+from evaluate.engine.context_budget import make_pipeline, templated_context_length
 from evaluate.engine.decoding_compression import counting_removals
-from evaluate.engine.decoding_pool import stop_token_ids
+from evaluate.engine.decoding_pool import DecodingPool, stop_token_ids
 from evaluate.engine.devices import synchronizer
 from evaluate.engine.requests import GeneratedAnswer
+from evaluate.engine.teacher_forcing import forcing_pool
+from evaluate.points.plan import Plan
 
 
 class PrefillProbe:
@@ -97,3 +103,33 @@ class GreedyTokens:
         compressed = None if self._decoding is None else self.removals > 0
         self.answers.append(GeneratedAnswer.of(self._tokens, self.stop_ids, compressed))
         return answer
+
+
+@dataclass
+class PipelineRun:
+    """One point's run on kvpress's pipeline path: the pipeline, its probes, the pool that teacher-forces its
+    likelihood fields (None when the point wants none) and its templated context length (``length(text,
+    chat_template)``); every group of the point, single-turn or a conversation, is asked on it."""
+
+    pipe: object
+    tokens: GreedyTokens
+    probe: PrefillProbe
+    forcing: DecodingPool | None
+    length: Callable[[str, bool], int]
+
+    @classmethod
+    def start(cls, plan: Plan, model, tokenizer) -> "PipelineRun":
+        pipe = make_pipeline(model, tokenizer, plan.spec.device)
+        run = cls(pipe, GreedyTokens(pipe, plan.profile.decoding), PrefillProbe(model), None, lambda *_: 0)
+        # kvpress's runner seeds once before its run: a press drawing random numbers (RandomPress, Compactor's
+        # sketch) draws the same ones here.
+        torch.manual_seed(plan.spec.seed)
+        run.forcing = forcing_pool(model) if plan.likelihood else None
+        run.length = templated_context_length(pipe, tokenizer)
+        return run
+
+    def reset(self) -> None:
+        """Before each group: its prefill, its answers and its decoding press's removals counted afresh."""
+        self.probe.reset()
+        self.tokens.reset()
+        self.tokens.removals = 0

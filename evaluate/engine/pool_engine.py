@@ -19,7 +19,7 @@ from evaluate.benchmarks import Sample
 from evaluate.engine.context_budget import chat_template_enabled, make_pipeline, pipeline_budget
 from evaluate.engine.conversation_inputs import conversation_of
 from evaluate.engine.cost import Cost, kv_bytes, measure_kept_ratio
-from evaluate.engine.decoding_compression import kept_after_answer
+from evaluate.engine.decoding_compression import compression_policy, kept_after_answer
 from evaluate.engine.decoding_pool import DecodingPool
 from evaluate.engine.devices import cuda_devices, input_device
 from evaluate.engine.prefill import PrefillCapture, QuestionIds, RandomStream, clear_masks, compressed_cache
@@ -312,6 +312,7 @@ class PoolEngine:
             return
         max_new_tokens = key[2]
         decoding = plan.profile.decoding
+        compression = compression_policy(decoding)
         # A row compressed while decoding measures what its answer left against this cache (GroupAnswers.arrive).
         prefill_cache = cache if decoding is not None else None
         if multi:
@@ -321,13 +322,13 @@ class PoolEngine:
                 yield from (_failed(point, [sample], failure, Cost()) for sample in plan.asked(group))
                 return
             first_turn = conversation.max_new_tokens[0]
-            request = DecodeRequest(cache, ids[0], context.length, first_turn, hidden, decoding=decoding)
+            request = DecodeRequest(cache, ids[0], context.length, first_turn, hidden, compression=compression)
             loop.submit(*self._turns(result, conversation, request, prefill_cache))
             return
         answers = GroupAnswers(result, self.tokenizer, pending=len(ids), prefill_cache=prefill_cache)
         requests = [
             DecodeRequest(
-                cache, question, context.length, max_new_tokens, hidden, tag=(answers, index), decoding=decoding
+                cache, question, context.length, max_new_tokens, hidden, tag=(answers, index), compression=compression
             )
             for index, question in enumerate(ids)
         ]

@@ -4,11 +4,10 @@ the row while it runs, and the row it finished with its share of the work."""
 from dataclasses import dataclass, field, replace
 
 import torch
-from kvpress import DecodingPress
 from transformers import DynamicCache
 
 from evaluate.engine.cost import Cost
-from evaluate.engine.decoding_compression import NoCompression, RowCompression, decoding_slot_length
+from evaluate.engine.decoding_compression import CompressionPolicy, NoCompression, RowCompression
 from evaluate.engine.turns import Conversation, SingleQuestion
 
 
@@ -34,8 +33,8 @@ class DecodeRequest:
     ([answer tokens, vocabulary]) of the tokens at the answer's positions; the row then leaves, having generated
     nothing.
 
-    With ``decoding`` (a kvpress ``DecodingPress``) the row compresses its own cache while it decodes, on its own
-    schedule (evaluate/engine/decoding_compression.py).
+    ``compression`` is what the row does to its own cache after each of its passes: nothing, or, under a decoding-time
+    press (``DecodingCompression``), compress it on its own schedule (evaluate/engine/decoding_compression.py).
 
     With ``conversation`` the row asks a conversation's turns one after the other on its cache
     (evaluate/engine/turns.py): ``question_ids`` is then the first turn's input, and ``tag`` a list with each turn's
@@ -49,7 +48,7 @@ class DecodeRequest:
     hidden: tuple[tuple[torch.Tensor, torch.Tensor] | None, ...] = ()
     answer_ids: torch.Tensor | None = None
     tag: object = None
-    decoding: DecodingPress | None = None
+    compression: CompressionPolicy = NoCompression()
     conversation: Conversation | None = None
 
     @property
@@ -66,36 +65,22 @@ class DecodeRequest:
             return self.conversation
         return SingleQuestion(self.input_ids, self.max_new_tokens)
 
-    def row_compression(self) -> RowCompression | NoCompression:
-        """What the row does after each of its passes: compress its own cache, as its decoding-time press compresses
-        a row alone, or nothing (no such press, or a teacher-forced row, which generates nothing)."""
-        if self.decoding is not None and self.answer_ids is None:
-            return RowCompression(self.decoding, len(self.cache.layers))
-        return NoCompression()
-
     @property
     def nbytes(self) -> int:
         return sum(layer.keys.nbytes + layer.values.nbytes for layer in self.cache.layers)
 
     def slot_length(self) -> int:
-        """Positions a slot needs for this row: its longest layer, its question and its whole answer."""
-        # A teacher-forced row generates nothing, but keeps one spare position: the slot's last one, which padding
-        # columns write into (SlotCache.update).
-        answer = self.max_new_tokens if self.answer_ids is None else 1
+        """Positions a slot needs for this row, as its turns and its compression count them from its longest layer."""
         longest = max(layer.keys.shape[2] for layer in self.cache.layers)
-        if self.conversation is not None:
-            return self.conversation.slot_length(longest)
-        if self.decoding is not None and self.answer_ids is None:
-            return decoding_slot_length(self.decoding, longest, self.input_ids.shape[1], self.max_new_tokens)
-        return longest + self.input_ids.shape[1] + answer
+        return self.turns.slot_length(longest, self.compression)
 
 
 @dataclass
 class RunningRow:
-    """A request while it holds a slot: the tokens so far, its cost, its slot's length, and its decoding-compression
-    state if its request has a decoding press; its turns (:attr:`DecodeRequest.turns`: what happens when its answer
-    ends); the input its next question pass runs and that input's first position (a conversation's turn after turn),
-    and the tokens a replayed turn feeds back instead of its greedy ones.
+    """A request while it holds a slot: the tokens so far, its cost, its slot's length, its compression policy's state
+    (``DecodeRequest.compression.start``); its turns (:attr:`DecodeRequest.turns`: what happens when its answer
+    ends, and which tokens a replayed turn feeds back instead of its greedy ones); the input its next question pass runs
+    and that input's first position (a conversation's turn after turn).
 
     Made once the slot holds the request's keys and values: the row keeps its request without the cache, which
     would otherwise stay in memory beside its slot's copy until the row leaves (the cache is freed once no waiting
@@ -104,39 +89,39 @@ class RunningRow:
     request: DecodeRequest
     tokens: list[int] = field(default_factory=list)
     cost: RowCost = field(default_factory=RowCost)
-    compression: RowCompression | NoCompression | None = None
-    turns: "Conversation | SingleQuestion | None" = None
+    compression: RowCompression | NoCompression = field(init=False)
+    turns: Conversation | SingleQuestion = field(init=False)
     slot_length: int = 0
     input_ids: torch.Tensor | None = None
     start_position: int = 0
-    forced: tuple[int, ...] | None = None
     asking: bool = True
 
     def __post_init__(self) -> None:
         self.slot_length = self.request.slot_length()
-        if self.compression is None:
-            self.compression = self.request.row_compression()
+        self.compression = self.request.compression.start(len(self.request.cache.layers))
         self.turns = turns = self.request.turns
         turns.start(self.request.context_length)
-        self.input_ids, self.start_position, self.forced = turns.input_ids, turns.position, turns.forced()
+        self.input_ids, self.start_position = turns.input_ids, turns.position
         self.request = replace(self.request, cache=None, hidden=())
 
     @property
     def turn(self) -> int | None:
         return self.turns.turn
 
-    @property
-    def max_new_tokens(self) -> int:
-        return self.turns.turn_max_new_tokens
+    def take(self, greedy: int, stop_ids: set[int]) -> bool:
+        """Take a pass's ``greedy`` token into the answer, or, in a replayed turn, its recorded token instead (its
+        turns say which); returns whether the turn's answer ended."""
+        self.turns.take(self.tokens, greedy)
+        self.cost.generated_tokens += not self.turns.replaying
+        return self.turns.ended(self.tokens, stop_ids)
 
     def next_turn(self) -> int:
         """Move on to the conversation's next turn; returns how many of the slot's last positions to drop."""
-        dropped = self.turns.next_turn(self.tokens)
-        if self.forced is None:  # a replayed turn's passes go to the next answered turn, as on the pipeline's path
+        if not self.turns.replaying:  # a replayed turn's passes go to the next answered turn, as on the pipeline's path
             self.cost = RowCost()
+        dropped = self.turns.next_turn(self.tokens)
         self.tokens = []
         self.input_ids, self.start_position = self.turns.input_ids, self.turns.position
-        self.forced = self.turns.forced()
         return dropped
 
 

@@ -27,8 +27,16 @@ from dataclasses import dataclass, field
 
 import torch
 
+from evaluate.engine.decoding_compression import CompressionPolicy
+
 # Markers no chat template writes, to find where a template puts a message's content.
 _ANSWER_MARK, _QUESTION_MARK = "\x00answer\x00", "\x00question\x00"
+
+
+def answer_ended(answer: list[int], max_new_tokens: int, stop_ids: set[int]) -> bool:
+    """Whether a greedy answer ends here: at its ``max_new_tokens``, or on a stop token. As kvpress's pipeline, never
+    on its first token (the question's own output)."""
+    return len(answer) >= max_new_tokens or (len(answer) > 1 and answer[-1] in stop_ids)
 
 
 def follow_up_text(tokenizer, chat_template: bool) -> tuple[str, str]:
@@ -92,6 +100,21 @@ class Conversation:
         """The tokens this turn's answer may generate."""
         return self.max_new_tokens[self.turn]
 
+    def take(self, answer: list[int], greedy: int) -> int:
+        """Append to this turn's ``answer`` the pass's ``greedy`` token, or, in a replayed turn, its recorded token
+        instead (which the next pass then feeds back); returns the token taken."""
+        forced = self.forced()
+        token = greedy if forced is None else forced[len(answer)]
+        answer.append(token)
+        return token
+
+    def ended(self, answer: list[int], stop_ids: set[int]) -> bool:
+        """Whether this turn's answer is over: a replayed turn's once its recorded tokens are fed back."""
+        forced = self.forced()
+        if forced is None:
+            return answer_ended(answer, self.turn_max_new_tokens, stop_ids)
+        return len(answer) == len(forced)
+
     def forced(self) -> tuple[int, ...] | None:
         """The tokens a replayed turn feeds back: its recorded answer under ``history=model``, nothing (its question
         alone, the answer being dropped anyway) under ``history=reference``; None for a turn to answer."""
@@ -116,9 +139,10 @@ class Conversation:
         self.input_ids = torch.cat([history.to(self.inputs[self.turn].device), self.inputs[self.turn]], dim=-1)
         return dropped
 
-    def slot_length(self, cache_length: int) -> int:
+    def slot_length(self, cache_length: int, compression: CompressionPolicy) -> int:
         """Positions a slot needs for the whole conversation (a bound: every input, reference and answer written,
-        nothing dropped), plus the spare last position padding writes to."""
+        nothing dropped, whatever the row's ``compression`` removes), plus the spare last position padding writes
+        to."""
         references = sum(reference.shape[1] for reference in self.references if reference is not None)
         inputs = sum(ids.shape[1] for ids in self.inputs) + len(self.inputs)  # a kept answer's last token each
         return cache_length + inputs + references + sum(self.max_new_tokens) + 1
@@ -139,6 +163,19 @@ class SingleQuestion:
 
     def start(self, context_length: int) -> None:
         self.position = context_length
+
+    replaying: bool = False
+
+    def take(self, answer: list[int], greedy: int) -> int:
+        answer.append(greedy)
+        return greedy
+
+    def ended(self, answer: list[int], stop_ids: set[int]) -> bool:
+        return answer_ended(answer, self.turn_max_new_tokens, stop_ids)
+
+    def slot_length(self, cache_length: int, compression: CompressionPolicy) -> int:
+        """Positions the row's slot needs, as its compression policy counts them for its one question and answer."""
+        return compression.slot_length(cache_length, self.input_ids.shape[1], self.turn_max_new_tokens)
 
     def forced(self) -> None:
         return None
