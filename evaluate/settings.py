@@ -182,13 +182,16 @@ TURN_DEFAULTS = {"turns": "independent", "history": "reference"}
 # Settings, by dotted key, at the value every run recorded before they existed ran with: each generated its answers,
 # and asked one question per context (ruler_synth's benchmark.turns). A reader compares a missing one as this value.
 RECORDED_DEFAULTS = {"generate": True, "benchmark.turns": 1}
+# Config groups, by their choice's ``_target_``, at the choice every run recorded before the group existed ran with:
+# the model's own cache (conf/cache/dynamic.yaml).
+RECORDED_DEFAULT_GROUPS = {"cache": "evaluate.kv_cache.DynamicKVCache"}
 
 
-def without_single_turn(config: dict) -> dict:
-    """A resolved config without the settings every run recorded before conversations existed ran with:
-    ``benchmark.turns: 1`` (ruler_synth's one question per context) and ``turns: independent`` (with ``history``,
-    which only ``turns=multi`` reads). Those runs and today's single-turn runs are one configuration to the
-    fingerprint, the baseline and the report alike."""
+def without_old_defaults(config: dict) -> dict:
+    """A resolved config without the settings every run recorded before conversations and the cache axis existed
+    ran with: ``benchmark.turns: 1`` (ruler_synth's one question per context), ``turns: independent`` (with
+    ``history``, which only ``turns=multi`` reads) and ``cache: dynamic`` (:data:`RECORDED_DEFAULT_GROUPS`). Those runs
+    and today's runs at those values are one configuration to the fingerprint, the baseline and the report alike."""
     config = dict(config)
     if isinstance(config.get("benchmark"), dict):
         single = RECORDED_DEFAULTS["benchmark.turns"]
@@ -198,4 +201,7 @@ def without_single_turn(config: dict) -> dict:
     if config.get("turns", TURN_DEFAULTS["turns"]) == TURN_DEFAULTS["turns"]:
         config.pop("turns", None)
         config.pop("history", None)
+    for group, target in RECORDED_DEFAULT_GROUPS.items():
+        if isinstance(config.get(group), dict) and config[group].get("_target_") == target:
+            config.pop(group)
     return config

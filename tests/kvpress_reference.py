@@ -9,6 +9,7 @@ the model as ``from_pretrained`` gives it, with no PressBench hook unless ``fit_
 ``UNEVEN_LAYERS``).
 """
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -99,9 +100,18 @@ def sample_ids(frame: pd.DataFrame) -> list[str]:
 
 
 def kvpress_predictions(
-    path: Path, press: BasePress | None, query_aware: bool, source=LIVELY_MODEL, fit_layers: bool = False, seed=42
+    path: Path,
+    press: BasePress | None,
+    query_aware: bool,
+    source=LIVELY_MODEL,
+    fit_layers: bool = False,
+    seed=42,
+    cache: Callable | None = None,
 ) -> dict[str, str]:
-    """kvpress's evaluate.py inference on ``path`` with ``press`` (knobs set), keyed by PressBench's sample ids."""
+    """kvpress's evaluate.py inference on ``path`` with ``press`` (knobs set), keyed by PressBench's sample ids;
+    with ``cache``, the rows are asked one by one, each pipeline call given ``cache=cache(model)`` (kvpress's README's
+    way to a QuantizedCache, whose pipeline cannot ask several questions on one: evaluate/kv_cache.py), else the
+    pipeline makes its own."""
     torch.manual_seed(seed)  # EvaluationRunner._setup_deterministic_seeds, before anything else
     attention = "eager" if isinstance(press, ObservedAttentionPress) else "sdpa"
     model = source.load_model("cpu", "auto", attention)  # from_pretrained as kvpress calls it: dtype auto, no hooks
@@ -119,8 +129,12 @@ def kvpress_predictions(
         df["context"] = df["context"] + df["question"]
         df["question"] = ""
     df["predicted_answer"] = None
+    if cache is not None:
+        # One question per cache, which nothing reads after its answer: kvpress's cleanup, which can fail on a
+        # QuantizedCache after the answer is generated (evaluate/kv_cache.py), has nothing to do.
+        pipe._remove_answer_from_cache = lambda cache, lengths: None
     with torch.inference_mode():
-        if isinstance(press, DecodingPress):
+        if isinstance(press, DecodingPress) or cache is not None:
             for index, row in df.iterrows():
                 output = pipe(
                     row["context"],
@@ -129,6 +143,7 @@ def kvpress_predictions(
                     press=press,
                     max_new_tokens=row["max_new_tokens"],
                     max_context_length=None,
+                    **({"cache": cache(model)} if cache else {}),
                 )
                 df.loc[index, "predicted_answer"] = output["answer"]
         else:

@@ -250,6 +250,19 @@ def test_budget_runs_are_refused_whatever_the_flag_naming_the_true_fix(tmp_path,
         assert "--allow-partial" not in line
 
 
+def test_runs_on_a_quantized_cache_are_refused_whatever_the_flag(tmp_path, capsys):
+    root = tmp_path / "runs"
+    quantized = {"_target_": "evaluate.kv_cache.QuantizedKVCache", "backend": "quanto", "nbits": 2}
+    write_run(root, uniform([True]), method="snapkv", cr=0.5, model=QWEN, cache=quantized)
+    with pytest.raises(SystemExit, match="nothing exported"):
+        main([str(root), "--out", str(tmp_path / "submission"), "--allow-partial"])
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.endswith(
+        "not exportable: a quantized cache (quanto 2-bit): kvpress's leaderboard holds each press's keys and values "
+        "at the model's dtype; its score is in the report's bytes_at_iso_quality table"
+    )
+
+
 def test_decoding_time_runs_are_refused_whatever_the_flag(tmp_path, capsys):
     root = tmp_path / "runs"
     write_run(

@@ -20,7 +20,7 @@ from evaluate.benchmarks.ruler_synth import TASKS, TURN_TASKS, RulerSynth, gener
 from evaluate.errors import ConfigError
 from evaluate.points.config import fingerprint, run_name
 from evaluate.score.baseline import baseline_key
-from evaluate.settings import without_single_turn
+from evaluate.settings import without_old_defaults
 from tests.support import compose_config
 
 QA_DIR = Path(__file__).resolve().parent / "fixtures" / "ruler_qa"
@@ -289,7 +289,7 @@ def test_one_turn_keeps_the_run_names_and_baselines_recorded_before_the_key(tmp_
     recorded = {"benchmark": {"name": "ruler_synth", "turns": 1}, "seed": 42}
     assert baseline_key(recorded) == baseline_key({"benchmark": {"name": "ruler_synth"}, "seed": 42})
     assert baseline_key({**recorded, "benchmark": {"name": "ruler_synth", "turns": 2}}) != baseline_key(recorded)
-    assert without_single_turn({"benchmark": {"turns": 3}}) == {"benchmark": {"turns": 3}}
+    assert without_old_defaults({"benchmark": {"turns": 3}}) == {"benchmark": {"turns": 3}}
     # Top-level turns=independent (kvpress's way) is how every recorded run asked its questions too.
     independent = {**recorded, "turns": "independent", "history": "reference"}
     assert baseline_key(independent) == baseline_key(recorded)

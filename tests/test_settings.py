@@ -60,7 +60,7 @@ def test_docs_configuration_table_names_every_setting_and_no_other():
     table = docs[docs.index("| key | meaning |") :].split("\n\n")[0].splitlines()[2:]
     keys = {name for row in table for name in re.findall(r"`(\w+)`", row.split("|")[1])}
     named = {name for row in table for name in re.findall(r"`(\w+)`", row)}
-    groups = {"model", "method", "press", "scorer", "benchmark"}
+    groups = {"model", "method", "press", "scorer", "cache", "benchmark"}
     declared = {each.name for each in fields(Settings)}
     assert keys - groups <= declared
     assert declared - RUNNER_KNOBS <= keys  # the runner's knobs are listed in method's row

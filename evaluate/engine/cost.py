@@ -8,7 +8,9 @@ cache physically holds next to the bytes the press counts as kept, and the forwa
 from dataclasses import dataclass, fields
 
 import torch
-from transformers import DynamicCache
+from transformers import Cache
+
+from evaluate.kv_cache import stored_bytes, stored_pairs
 
 
 @dataclass
@@ -35,12 +37,12 @@ class Cost:
         return Cost(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
 
 
-def _kept_per_head(model: torch.nn.Module, cache: DynamicCache) -> list[torch.Tensor]:
+def _kept_per_head(model: torch.nn.Module, cache: Cache) -> list[torch.Tensor]:
     """Per layer, the pairs each KV head keeps: its cache length minus what AdaKV masked on the attention module
     there (AdaKV under a DecodingPress leaves masks past the cache that the pipeline cut back to the context)."""
     kept = []
     for layer, cache_layer in zip(model.model.layers, cache.layers, strict=True):
-        num_heads, length = cache_layer.keys.shape[1], cache_layer.keys.shape[2]
+        num_heads, length = stored_pairs(cache_layer)
         per_head = torch.full((num_heads,), float(length), dtype=torch.float64)
         masked = getattr(layer.self_attn, "masked_key_indices", None)
         if masked is not None:
@@ -51,18 +53,19 @@ def _kept_per_head(model: torch.nn.Module, cache: DynamicCache) -> list[torch.Te
     return kept
 
 
-def measure_kept_ratio(model: torch.nn.Module, cache: DynamicCache, context_length: int) -> float:
+def measure_kept_ratio(model: torch.nn.Module, cache: Cache, context_length: int) -> float:
     """KV pairs kept over context length, averaged over layers and KV heads (AdaKV's masked pairs subtracted)."""
     return float(torch.cat(_kept_per_head(model, cache)).mean() / context_length)
 
 
-def kv_bytes(model: torch.nn.Module, cache: DynamicCache) -> tuple[int, int]:
-    """Bytes the cache holds, and bytes of the pairs the press counts as kept (fewer where it masks)."""
-    held = sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
-    kept = 0
+def kv_bytes(model: torch.nn.Module, cache: Cache) -> tuple[int, int]:
+    """Bytes the cache holds, and bytes of the pairs the press counts as kept (fewer where it masks): a quantized
+    cache's quantized storage (scales and zero points included) and full-precision residual, its kept bytes the
+    held bytes' share of the pairs kept."""
+    held, kept = 0, 0
     for per_head, layer in zip(_kept_per_head(model, cache), cache.layers, strict=True):
-        pair_bytes = (layer.keys.shape[3] * layer.keys.element_size()) + (
-            layer.values.shape[3] * layer.values.element_size()
-        )
-        kept += int(per_head.sum()) * pair_bytes
+        heads, length = stored_pairs(layer)
+        layer_bytes = stored_bytes(layer)
+        held += layer_bytes
+        kept += round(layer_bytes * float(per_head.sum()) / (heads * length)) if length else 0
     return held, kept

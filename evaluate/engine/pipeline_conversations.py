@@ -8,7 +8,7 @@ from contextlib import nullcontext
 from types import SimpleNamespace
 
 import torch
-from transformers import DynamicCache
+from transformers import Cache
 
 from evaluate.benchmarks import Sample
 from evaluate.engine.context_budget import chat_template_enabled, pipeline_budget
@@ -71,9 +71,7 @@ def ask_conversation(run: PipelineRun, plan: Plan, turns: list[Sample], budget: 
             layer.self_attn.masked_key_indices = None
 
 
-def _prefilled(
-    run: PipelineRun, plan: Plan, turns: list[Sample], budget: int
-) -> tuple[Conversation, DynamicCache, int]:
+def _prefilled(run: PipelineRun, plan: Plan, turns: list[Sample], budget: int) -> tuple[Conversation, Cache, int]:
     """The conversation's context tokenized and prefilled as kvpress's pipeline does it (under the press, unless it
     only compresses while decoding); its turns, its cache and its context's length."""
     pipe, first = run.pipe, turns[0]
@@ -86,7 +84,7 @@ def _prefilled(
     context_ids = inputs["context_ids"].to(model.device)
     if plan.spec.budget is not None:
         apply_budget(plan.press, context_ids.shape[1], plan.spec.budget)
-    cache = DynamicCache()
+    cache = run.new_cache()
     prefill_press = prefill_hook(plan.press)
     with prefill_press(model) if prefill_press is not None else nullcontext(), torch.no_grad():
         model.model(input_ids=context_ids, past_key_values=cache)

@@ -12,7 +12,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
-from transformers import DynamicCache
+import torch
+from transformers import Cache, DynamicCache, QuantizedCache
 
 from evaluate.benchmarks import Sample
 from evaluate.engine.context_budget import (
@@ -53,7 +54,7 @@ class PipelineEngine:
 
 
 def _pipeline_answers(
-    pipe, plan: Plan, tokenizer, group: list[Sample], inputs: "_PipelineInputs", cache: DynamicCache, length
+    pipe, plan: Plan, tokenizer, group: list[Sample], inputs: "_PipelineInputs", cache: Cache, length
 ) -> list[str]:
     """kvpress's pipeline called on one context group, the press hooked into its prefill; under a token budget the
     press first gets this context's own ratio, as the pipeline will cut the context (``length``: its templated
@@ -93,7 +94,7 @@ def ask_questions(run: PipelineRun, plan: Plan, group: list[Sample], budget: int
     prefill; with their likelihood fields where the point wants them."""
     model, tokenizer, probe = run.pipe.model, run.pipe.tokenizer, run.probe
     group_start = time.perf_counter()
-    cache = DynamicCache()
+    cache = run.new_cache()
     inputs = _PipelineInputs(
         text=plan.compressed_text(group[0], plan.context(group[0], tokenizer, budget)),
         questions=["" if plan.spec.query_aware else sample.question for sample in group],
@@ -143,9 +144,7 @@ class _PipelineInputs:
     max_context_length: int
 
 
-def _add_likelihood(
-    result: AnsweredGroup, run: PipelineRun, plan: Plan, cache: DynamicCache, inputs: _PipelineInputs
-) -> None:
+def _add_likelihood(result: AnsweredGroup, run: PipelineRun, plan: Plan, cache: Cache, inputs: _PipelineInputs) -> None:
     """The group's likelihood fields on the cache the pipeline left, their time and passes added to its cost."""
     pipe, probe, tokenizer = run.pipe, run.probe, run.pipe.tokenizer
     start, passes = time.perf_counter(), probe.forward_passes
@@ -161,7 +160,7 @@ def _add_likelihood(
 
 
 def pipeline_likelihood(
-    pool: DecodingPool, model, plan: Plan, tokenizer, group: list[Sample], cache: DynamicCache, inputs: dict
+    pool: DecodingPool, model, plan: Plan, tokenizer, group: list[Sample], cache: Cache, inputs: dict
 ) -> list[dict]:
     """Each sample's likelihood fields on the cache kvpress's pipeline left (AdaKV's masks are still on the
     modules), against one more prefill of the context without the press; teacher-forced by the run's ``pool``
@@ -170,9 +169,23 @@ def pipeline_likelihood(
     questions = inputs["questions_ids"]
     answers = [reference_answer_ids(plan.benchmark, sample, tokenizer) for sample in group]
     hidden = hidden_keys([layer.self_attn for layer in model.model.layers])
-    compressed, _ = teacher_forced(pool, cache, hidden, questions, answers, context_ids.shape[1])
+    compressed, _ = teacher_forced(pool, _as_read(cache), hidden, questions, answers, context_ids.shape[1])
     reference, _ = reference_log_probs(pool, model.model, context_ids, questions, answers)
     return [
         {} if answer is None else likelihood_fields(mine, theirs, answer)
         for mine, theirs, answer in zip(compressed, reference, answers, strict=True)
     ]
+
+
+def _as_read(cache: Cache) -> Cache:
+    """``cache`` as the model reads it: a quantized cache's layers dequantized (with their residual) into a
+    ``DynamicCache``, which the likelihood fields teacher-force on; any other cache as it is."""
+    if not isinstance(cache, QuantizedCache):
+        return cache
+    plain = DynamicCache()
+    for index, layer in enumerate(cache.layers):
+        keys, values = layer._dequantize(layer._quantized_keys), layer._dequantize(layer._quantized_values)
+        if layer.keys.dim() == 4:
+            keys, values = torch.cat([keys, layer.keys], dim=-2), torch.cat([values, layer.values], dim=-2)
+        plain.update(keys, values, index)
+    return plain

@@ -5,9 +5,11 @@ pipeline a point's run asks with them (:class:`PipelineRun`)."""
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from kvpress import DecodingPress
+from transformers import Cache
 
 from evaluate.engine.context_budget import make_pipeline, templated_context_length
 from evaluate.engine.decoding_compression import counting_removals
@@ -108,19 +110,27 @@ class GreedyTokens:
 @dataclass
 class PipelineRun:
     """One point's run on kvpress's pipeline path: the pipeline, its probes, the pool that teacher-forces its
-    likelihood fields (None when the point wants none) and its templated context length (``length(text,
-    chat_template)``); every group of the point, single-turn or a conversation, is asked on it."""
+    likelihood fields (None when the point wants none), its templated context length (``length(text,
+    chat_template)``) and a fresh cache of the point's kind for each group (``new_cache()``, evaluate/kv_cache.py);
+    every group of the point, single-turn or a conversation, is asked on it."""
 
     pipe: object
     tokens: GreedyTokens
     probe: PrefillProbe
     forcing: DecodingPool | None
     length: Callable[[str, bool], int]
+    new_cache: Callable[[], Cache]
 
     @classmethod
     def start(cls, plan: Plan, model, tokenizer) -> "PipelineRun":
         pipe = make_pipeline(model, tokenizer, plan.spec.device)
-        run = cls(pipe, GreedyTokens(pipe, plan.profile.decoding), PrefillProbe(model), None, lambda *_: 0)
+        plan.spec.kv_cache.prepare(pipe)
+        tokens, probe, new_cache = (
+            GreedyTokens(pipe, plan.profile.decoding),
+            PrefillProbe(model),
+            plan.spec.kv_cache.make,
+        )
+        run = cls(pipe, tokens, probe, None, lambda *_: 0, partial(new_cache, model))
         # kvpress's runner seeds once before its run: a press drawing random numbers (RandomPress, Compactor's
         # sketch) draws the same ones here.
         torch.manual_seed(plan.spec.seed)

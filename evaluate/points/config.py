@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from evaluate import registry, rundir
 from evaluate.benchmarks.sources import no_connection
 from evaluate.errors import ConfigError
+from evaluate.kv_cache import DynamicKVCache, QuantizedKVCache
 from evaluate.points.overrides import default_setting
 from evaluate.points.point import PointSpec
 from evaluate.press_profile import (
@@ -42,7 +43,7 @@ from evaluate.press_profile import (
     why_not_multi_turn,
     why_not_teacher_forced,
 )
-from evaluate.settings import NON_RESULT_KEYS, Settings, without_single_turn
+from evaluate.settings import NON_RESULT_KEYS, Settings, without_old_defaults
 
 logger = logging.getLogger(__name__)
 
@@ -131,6 +132,11 @@ def refuse_unread_knobs(cfg: DictConfig) -> None:
         raise ConfigError(
             f"generate=false decodes nothing, so max_new_tokens={cfg.max_new_tokens} is never read; drop it "
             "(it would only duplicate the run without it)"
+        )
+    if unread := kv_cache(cfg).unread_knobs():
+        raise ConfigError(
+            f"cache=dynamic reads no {' '.join(unread)}; drop it or use cache=quantized (it would only duplicate the "
+            "run without it)"
         )
     refuse_unread_cr(cfg)
     if not compresses(cfg):
@@ -288,6 +294,9 @@ def validate(cfg: DictConfig) -> None:
     if not cfg.generate and not cfg.likelihood:
         raise ConfigError("generate=false with likelihood=false measures nothing; drop one of them")
     _check_turns(cfg)
+    why_not = kv_cache(cfg).why_not_multi_turn  # its instantiation refuses a backend or bits it cannot take
+    if why_not and cfg.turns == "multi":
+        raise ConfigError(f"turns=multi {why_not}; use cache=dynamic")
     if not compresses(cfg):
         return
     press = described_press(cfg)
@@ -503,7 +512,7 @@ def result_config(cfg: DictConfig) -> dict:
             resolved.pop(knob, None)  # unset knobs do not split runs, nor move the runs recorded before they existed
     if resolved.get("generate", True):
         resolved.pop("generate", None)  # generating runs keep the fingerprints they had before generate=false existed
-    resolved = without_single_turn(resolved)
+    resolved = without_old_defaults(resolved)
     if resolved.get("max_new_tokens") is None or not resolved.get("generate", True):
         # null: each row's own, as every run recorded before the key existed; generate=false decodes nothing.
         resolved.pop("max_new_tokens", None)
@@ -547,8 +556,16 @@ def run_name(cfg: DictConfig) -> str:
         parts.append("query_aware")
     if cfg.get("turns", "independent") == "multi":
         parts.append("multi" if cfg.history == "reference" else f"multi_{cfg.history}")
+    if (cache := kv_cache(cfg).run_name_part) is not None:
+        parts.append(cache)
     parts.append(fingerprint(cfg)[:6])
     return "__".join(parts)
+
+
+def kv_cache(cfg: DictConfig) -> DynamicKVCache | QuantizedKVCache:
+    """The cache the point holds its keys and values in (the ``cache`` group; a configuration from before the group
+    existed: the model's own)."""
+    return DynamicKVCache() if cfg.get("cache") is None else _instantiate(cfg.cache)
 
 
 def run_dir(cfg: DictConfig) -> Path:

@@ -90,12 +90,13 @@ class Plan:
         return self.spec.out
 
     def groups(self) -> list[list[Sample]]:
-        """The samples answered together, in kvpress's order: row by row for decoding-time presses, else by
-        context in ``groupby("context")``'s sorted order (which decides what a press drawing random numbers draws);
-        under ``turns=multi``, each conversation's turns, in the order of its compressed text."""
+        """The samples answered together, in kvpress's order: row by row for decoding-time presses and on a cache
+        that holds one question at a time (evaluate/kv_cache.py: a quantized one), else by context in
+        ``groupby("context")``'s sorted order (which decides what a press drawing random numbers draws); under
+        ``turns=multi``, each conversation's turns, in the order of its compressed text."""
         if self.spec.turns == "multi":
             return sorted(conversations(self.share, self.todo), key=lambda turns: self.compressed_text(turns[0]))
-        if self.profile.decodes_per_sample:
+        if self.profile.decodes_per_sample or self.spec.kv_cache.one_question_per_cache:
             return [[sample] for sample in self.todo]
         groups = group_by_context(list(self.todo), self.spec.query_aware)
         return sorted(groups, key=lambda group: self.compressed_text(group[0]))

@@ -13,6 +13,7 @@ the spec; none reads the composed config.
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from evaluate.kv_cache import DynamicKVCache, QuantizedKVCache
 from evaluate.points.shard import Shard
 from evaluate.settings import Settings
 
@@ -45,6 +46,8 @@ class PointSpec(Settings):
     scorer_name: str | None
     scorer_window: int | None
     scorer_min_context: int
+    # The cache its keys and values are held in (the ``cache`` group, evaluate/kv_cache.py).
+    kv_cache: DynamicKVCache | QuantizedKVCache
     # The code of a press defined outside kvpress and PressBench (evaluate/points/config.py:press_sources).
     press_sources: dict[str, str]
     # The configuration as config.yaml records it, and the ``wandb`` group's settings ({}: not tracked).

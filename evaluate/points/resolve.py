@@ -27,6 +27,7 @@ from evaluate.points.config import (
     effective_cr,
     fingerprint,
     kept_text,
+    kv_cache,
     method_name,
     model_key,
     press_config,
@@ -102,8 +103,9 @@ def checked(cfgs: Sequence[DictConfig], single: bool = False) -> list[PointSpec]
 
 
 def _refuse_one_run_twice(cfgs: Sequence[DictConfig], specs: Sequence[PointSpec]) -> None:
-    """press=none, and a decoding-time press, is one run at any cr, and a registry entry at any value of a knob it
-    does not read: a sweep over them runs it once (run_points). Any other two points in one directory are refused."""
+    """press=none, and a decoding-time press, is one run at any cr, a registry entry at any value of a knob it
+    does not read, and a point on the dynamic cache at any value of the quantized cache's knobs: a sweep over them
+    runs it once (run_points). Any other two points in one directory are refused."""
     directories = [spec.out for spec in specs]
     duplicates = {
         str(spec.out)
@@ -112,6 +114,7 @@ def _refuse_one_run_twice(cfgs: Sequence[DictConfig], specs: Sequence[PointSpec]
         and compresses(cfg)
         and spec.decoding_target is None
         and not unread_settings(cfg)
+        and not kv_cache(cfg).unread_knobs()
     }
     if duplicates:
         raise ConfigError(
@@ -157,6 +160,11 @@ def _warn_unread_knobs(cfgs: Sequence[DictConfig]) -> None:
     for cfg in cfgs:
         for knob in unread_settings(cfg):
             values.setdefault((method_name(cfg), knob), set()).add(cfg.get(knob))
+    unread_cache = sorted({knob.split("=")[0] for cfg in cfgs for knob in kv_cache(cfg).unread_knobs()})
+    if unread_cache:
+        logger.warning(
+            "cache=dynamic reads no %s: the sweep runs each of its dynamic points once", ", ".join(unread_cache)
+        )
     for (method, knob), given in sorted(values.items()):
         if len(given) > 1:
             logger.warning(
@@ -204,6 +212,7 @@ def resolve(cfg: DictConfig) -> PointSpec:
         scorer_name=scorer.get("name"),
         scorer_window=window if isinstance(window, int) else None,
         scorer_min_context=scorer.get("min_context", 0),
+        kv_cache=kv_cache(cfg),
         press_sources=press_sources(cfg),
         recorded=recorded_config(cfg),
         tracking=OmegaConf.to_container(cfg.wandb, resolve=True) if cfg.get("wandb") else {},

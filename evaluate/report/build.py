@@ -9,6 +9,7 @@ import pandas as pd
 
 from evaluate import rundir
 from evaluate.report.answer_length import answer_length_table
+from evaluate.report.bytes_at_iso_quality import bytes_table
 from evaluate.report.capacity import DEFAULT_MEMORY_GB, capacity_table, check_memory
 from evaluate.report.compare import compare_tables, load_references
 from evaluate.report.decoding import decoding_table
@@ -153,11 +154,14 @@ def _iso_fields(
     resamples: int,
     seed: int,
 ) -> dict[str, Any]:
-    """:class:`Report`'s iso-quality fields: the tables by cr and by token budget that have runs, and both series."""
+    """:class:`Report`'s iso-quality fields: the tables by cr, by token budget and in bytes that have runs, and the
+    series by cr and by budget."""
     iso, series = iso_table(runs, by_ratio, chosen, resamples, seed)
     iso_budget, budget_series = iso_table(runs, by_budget, chosen, resamples, seed, ISO_BUDGET)
+    # Where runs held a quantized cache: eviction and quantization against bytes (cache=quantized).
+    in_bytes = bytes_table(runs, by_ratio, chosen[0].value, resamples, seed)
     return {
-        "iso": [table for table in (iso, iso_budget) if table],
+        "iso": [table for table in (iso, iso_budget, in_bytes) if table],
         "iso_series": series,
         "iso_budget_series": budget_series,
     }

@@ -10,7 +10,7 @@ from evaluate.score.answer_length import DRIFT_FIELDS, drift_metrics, own_metric
 from evaluate.score.likelihood import FIELDS as LIKELIHOOD_FIELDS
 
 _RUN_ATTRIBUTES = "benchmark model model_id method variant query_aware score interval_note partial_reasons".split()
-_RUN_ATTRIBUTES += "turns history score_by_turn samples_by_turn generate variant_settings".split()
+_RUN_ATTRIBUTES += "turns history score_by_turn samples_by_turn generate variant_settings cache".split()
 _INTERVAL = {"ci_low": "low", "ci_high": "high", "contexts": "contexts"}  # frame column: Interval attribute
 _TASK_COLUMNS = ["task", "task_score", "task_n", *(f"task_{name}" for name in LIKELIHOOD_FIELDS), "task_likelihood_n"]
 QUERY_AWARE = {True: " (query-aware)", False: ""}  # what labels add for query-aware runs
@@ -22,6 +22,11 @@ def mode_label(turns: str, history: str) -> str:
     if turns == "independent":
         return ""
     return " (multi-turn)" if history == "reference" else f" (multi-turn, {history} history)"
+
+
+def cache_mark(cache: str) -> str:
+    """What labels add for a run on a quantized cache (`` (quanto 4-bit)``); nothing for the model's own cache."""
+    return f" ({cache})" if cache else ""
 
 
 def bracketed(variant: str) -> str:
@@ -154,7 +159,8 @@ def labelled(frame: pd.DataFrame) -> pd.DataFrame:
     keys = list(level[list(ROW_KEY)].itertuples(index=False, name=None))
     variant = frame.run.map(dict(zip(level.run, variant_names(level.variant_settings.tolist(), keys), strict=True)))
     label = frame.method.mask(frame.reference, "no compression") + variant.astype(str).map(bracketed)
-    return frame.assign(variant=variant.astype(str), label=label + frame.query_aware.map(QUERY_AWARE) + frame.turn_mode)
+    label += frame.cache.map(cache_mark) + frame.query_aware.map(QUERY_AWARE) + frame.turn_mode
+    return frame.assign(variant=variant.astype(str), label=label)
 
 
 def run_level(frame: pd.DataFrame) -> pd.DataFrame:

@@ -165,6 +165,11 @@ def prepare(run: RunResult, allow_partial: bool) -> Submission:
             f"{run.decoding['compression_interval']}) reads no compression ratio, and kvpress's leaderboard places "
             "each submission at one; its score is in the report's decoding table"
         )
+    if run.cache:  # its submission would share the name of the same press's run on the model's own cache
+        raise Refused(
+            f"a quantized cache ({run.cache}): kvpress's leaderboard holds each press's keys and values at the model's "
+            "dtype; its score is in the report's bytes_at_iso_quality table"
+        )
     if run.turns != "independent":  # its submission would share the name of the same press's independent run
         raise Refused(f"turns={run.turns}: kvpress's leaderboard asks each question on its own (turns=independent)")
     if run.score is None:  # the likelihood fields alone: the leaderboard has no place for them

@@ -26,7 +26,7 @@ import pandas as pd
 
 from evaluate import rundir
 from evaluate.benchmarks.needle_in_haystack import TASK_SCORE_LABEL, NeedleInHaystack, task_depth
-from evaluate.report.frame import QUERY_AWARE, bracketed, labelled, run_level, split_by_axis
+from evaluate.report.frame import QUERY_AWARE, bracketed, cache_mark, labelled, run_level, split_by_axis
 from evaluate.report.runs import NO_PRESS
 from evaluate.report.turns import turn_benchmarks, turn_points
 
@@ -91,12 +91,12 @@ def _lines(
     values: Sequence[str] = ("score",),
 ) -> tuple[pd.DataFrame, dict, list[float]]:
     """The rows of ``benchmark`` that have every one of ``values`` to draw, by cr (or ``axis``), with their ``line``
-    (method, variant, multi-turn mode, and model and query-awareness when ``qualified`` and several), labelled by
-    what tells the drawn runs apart (frame.labelled: a run without points, generate=false's, names nothing); one
-    :class:`Style` per line; the ratios (or budgets) of the compressed runs. The rows keep only the ``no_press``
-    runs to draw (:func:`drawn_references`)."""
+    (method, variant, quantized cache, multi-turn mode, and model and query-awareness when ``qualified`` and several),
+    labelled by what tells the drawn runs apart (frame.labelled: a run without points, generate=false's, names
+    nothing); one :class:`Style` per line; the ratios (or budgets) of the compressed runs. The rows keep only the
+    ``no_press`` runs to draw (:func:`drawn_references`)."""
     rows = labelled(frame[frame.benchmark == benchmark].dropna(subset=list(values)))
-    lines = rows.method + rows.variant.map(bracketed) + rows.turn_mode
+    lines = rows.method + rows.variant.map(bracketed) + rows.cache.map(cache_mark) + rows.turn_mode
     if qualified and len(rows[["model", "query_aware"]].drop_duplicates()) > 1:
         lines += " · " + rows.model + rows.query_aware.map(QUERY_AWARE)
     rows = drawn_references(rows.assign(line=lines.map(short_labels(lines))).sort_values(axis.column, kind="stable"))

@@ -17,10 +17,11 @@ from tqdm.auto import tqdm
 from evaluate import rundir
 from evaluate.benchmarks import Benchmark
 from evaluate.cost_schema import COST_KEYS
+from evaluate.kv_cache import recorded_cache
 from evaluate.score.baseline import NO_PRESS, is_baseline
 from evaluate.score.bootstrap import Interval, NoInterval, headline_interval, mean_interval
 from evaluate.score.likelihood import FIELDS, row_fields
-from evaluate.settings import NON_RESULT_KEYS, RECORDED_DEFAULTS, TURN_DEFAULTS, without_single_turn
+from evaluate.settings import NON_RESULT_KEYS, RECORDED_DEFAULTS, TURN_DEFAULTS, without_old_defaults
 
 logger = logging.getLogger(__name__)
 
@@ -28,12 +29,12 @@ DEFAULT_RUNS = Path("results/runs")
 # Config keys that never distinguish two results (the fingerprint leaves them out too), the ratio or token budget
 # itself (as does any compression_ratio), and the report settings an experiment preset carries; and the
 # conversation settings, which a run's row_key holds (read with their defaults for runs recorded before them).
-_NOT_A_VARIANT = {*NON_RESULT_KEYS, "cr", "budget", "wandb", "report", *TURN_DEFAULTS}
+_NOT_A_VARIANT = {*NON_RESULT_KEYS, "cr", "budget", "wandb", "report", "cache", *TURN_DEFAULTS}
 # A decoding-time run's own axis (config.yaml's ``decoding``): the cache size it compresses to, which its table shows
 # as a column, as the cr tables show cr; its compression_interval tells its runs apart as any other setting.
 _DECODING_AXIS = "target_size"
 # The columns of a headline row, as RunResult.row_key holds them: runs with the same have a variant where they differ.
-ROW_KEY = ("benchmark", "model", "method", "query_aware", "turns", "history")
+ROW_KEY = ("benchmark", "model", "method", "query_aware", "turns", "history", "cache")
 
 
 class ReportError(RuntimeError):
@@ -85,6 +86,8 @@ class RunResult:
         # A conversation's turns asked each on its own or in order on one cache, and the earlier answers that cache
         # holds (conf/config.yaml): a multi-turn run is never a variant nor a duplicate of its independent twin.
         self.turns, self.history = (str(self.config.get(key) or value) for key, value in TURN_DEFAULTS.items())
+        # The cache it held its keys and values in, as labels name it ("" for the model's own: evaluate/kv_cache.py).
+        self.cache = recorded_cache(self.config.get("cache")).label
         self.score_by_turn: dict = self.metrics.get("score_by_turn") or {}  # evaluate/score/turns.py
         self.samples_by_turn: dict = self.metrics.get("samples_by_turn") or {}
         # A row of the headline table (ROW_KEY's columns).
@@ -275,7 +278,7 @@ def distinguishing_settings(config: dict, decoding: bool = False) -> dict[str, s
     dotted key, each as canonical JSON: not those that never change a result, nor its ratio, budget or (``decoding``)
     target size; a setting recorded before it existed at the value those runs ran with (keys.RECORDED_DEFAULTS),
     so that a variant never reads ``generate=null`` for runs that generated."""
-    flat = {key: value for key, value in flatten(without_single_turn(config)).items() if _tells_apart(key, decoding)}
+    flat = {key: value for key, value in flatten(without_old_defaults(config)).items() if _tells_apart(key, decoding)}
     return {key: json.dumps(value, sort_keys=True) for key, value in {**RECORDED_DEFAULTS, **flat}.items()}
 
 

@@ -50,7 +50,11 @@ def answer_path(plan: Plan, model) -> tuple[str, str, str | None]:
     the pool may change in its answers, if anything."""
     if plan.spec.decode_batch_size == 1:
         return "pipeline", "decode_batch_size=1 asks for kvpress's pipeline path, one question at a time", None
-    reason = plan.profile.why_not_shared_prefill(plan.spec.attention) or why_not_pooled(model)
+    reason = (
+        plan.profile.why_not_shared_prefill(plan.spec.attention)
+        or plan.spec.kv_cache.why_not_pooled
+        or why_not_pooled(model)
+    )
     if reason is not None:
         logger.info("%s takes kvpress's pipeline path: %s", plan.out.name, reason)
         return "pipeline", reason, None

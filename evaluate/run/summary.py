@@ -165,11 +165,13 @@ def failed_samples(metrics: dict) -> tuple[int, int]:
 
 
 def _settings(spec: PointSpec) -> dict[str, str]:
-    """A point's result settings but the press and ratio (its method names those), flattened to dotted keys."""
+    """A point's result settings but the press and ratio (its method names those), flattened to dotted keys, and its
+    cache as its label names it."""
     data = spec.recorded
-    left_out = {*NON_RESULT_KEYS, "cr", "budget", "press", "scorer"}
+    left_out = {*NON_RESULT_KEYS, "cr", "budget", "press", "scorer", "cache"}
     kept = {key: value for key, value in data.items() if key not in left_out}
-    return {key: str(value) for key, value in flatten(kept).items()}
+    # The cache as labels name it (its knobs are read only by the quantized one): "" for the model's own.
+    return {key: str(value) for key, value in flatten(kept).items()} | {"cache": spec.kv_cache.label}
 
 
 def _headline(metrics: dict | None) -> str:

@@ -13,7 +13,7 @@ from functools import cache, partial
 from pathlib import Path
 
 from evaluate import rundir
-from evaluate.settings import NON_RESULT_KEYS, PRESS_KEYS, RECORDED_DEFAULTS, without_single_turn
+from evaluate.settings import NON_RESULT_KEYS, PRESS_KEYS, RECORDED_DEFAULTS, without_old_defaults
 
 NO_PRESS = "no_press"
 
@@ -23,7 +23,7 @@ def baseline_key(config: dict) -> str:
     change no prediction and those that choose the press, as canonical JSON."""
     kept = {key: value for key, value in config.items() if key not in NON_RESULT_KEYS and key not in PRESS_KEYS}
     kept.setdefault("generate", RECORDED_DEFAULTS["generate"])  # runs recorded before generate=false existed generated
-    kept = without_single_turn(kept)
+    kept = without_old_defaults(kept)
     if kept.get("max_new_tokens") is None or not kept["generate"]:
         # Each row's own, as in the runs recorded before the key existed; generate=false reads none.
         kept.pop("max_new_tokens", None)
