@@ -84,11 +84,19 @@ def offline(tmp_path, monkeypatch):
 def wandb_records(run_dir: Path, timeout: float = 60.0) -> list:
     """Every record of an offline run, once wandb's writer process has written its exit record.
 
-    ``run.finish()`` returns before the separate wandb-core process has flushed the whole file.
+    ``run.finish()`` returns before the separate wandb-core process has flushed the whole file, so a read can find a
+    record half written (seen once in a full run on a loaded machine: a DecodeError): it is read again.
     """
+    from google.protobuf.message import DecodeError
+
     deadline = time.monotonic() + timeout
     while True:
-        records = _parse_wandb_file(run_dir)
+        try:
+            records = _parse_wandb_file(run_dir)
+        except DecodeError:  # read while the writer was halfway through a record: read again
+            if time.monotonic() > deadline:
+                raise
+            records = []
         kinds = {record.WhichOneof("record_type") for record in records}
         if {"run", "exit"} <= kinds or time.monotonic() > deadline:
             return records
@@ -108,6 +116,8 @@ def _parse_wandb_file(run_dir: Path) -> list:
             continue
         length = int.from_bytes(data[position + 4 : position + 6], "little")
         kind = data[position + 6]
+        if position + 7 + length > len(data):  # a record the writer has not finished writing
+            break
         payload = data[position + 7 : position + 7 + length]
         position += 7 + length
         if kind in (1, 2):  # full, first
