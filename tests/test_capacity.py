@@ -135,6 +135,16 @@ def test_capacity_table_holds_hand_computed_counts(runs_dir):
     assert table.page() in report.page(runs_dir, 0)
 
 
+def test_a_run_kvpress_pipeline_answered_decoded_one_row_at_a_time_whatever_its_batch_size(runs_dir):
+    snapkv = next(runs_dir.glob("*snapkv*"))
+    record = json.loads((snapkv / "run.json").read_text())
+    (snapkv / "run.json").write_text(json.dumps(record | {"answered_by": {"path": "pipeline", "why": "..."}}))
+    _, table = capacity_of(runs_dir)
+    assert rows_of(table.csv)["snapkv"]["decode_batch_size"] == "1"
+    assert "250.50 (batch ≤1, cuda:0)" in table.page()
+    assert rows_of(table.csv)["no_press"]["decode_batch_size"] == "32"
+
+
 def test_budget_runs_are_rows_labelled_by_their_budget(runs_dir):
     """snapkv at budget=256 holding 23 MiB a row and at budget=1024 holding 92 MiB, beside the cr runs, against the
     same uncompressed 184 MiB: 80 GB less 269,030,016 bytes of weights is 79,730,969,984 bytes, so

@@ -122,11 +122,17 @@ def _counts(runs: Sequence[RunResult], level: pd.DataFrame, memory: float) -> pd
                 "rows": rows,
                 "baseline_rows": uncompressed,
                 "ratio": rows / uncompressed if rows is not None and uncompressed else None,
-                "batch": run.config.get("decode_batch_size"),
+                # kvpress's pipeline path decodes one row at a time, whatever decode_batch_size says.
+                "batch": 1 if answered_by(run) == "pipeline" else run.config.get("decode_batch_size"),
                 "device": run.run.get("device"),
             }
         )
     return pd.DataFrame(records, index=level.index)
+
+
+def answered_by(run: RunResult) -> str | None:
+    """The engine path run.json says answered the run (``pool`` or ``pipeline``; None for runs from before it)."""
+    return (run.run.get("answered_by") or {}).get("path")
 
 
 def _count(value) -> str:
