@@ -125,18 +125,13 @@ class PipelineRun:
     def start(cls, plan: Plan, model, tokenizer) -> "PipelineRun":
         pipe = make_pipeline(model, tokenizer, plan.spec.device)
         plan.spec.kv_cache.prepare(pipe)
-        tokens, probe, new_cache = (
-            GreedyTokens(pipe, plan.profile.decoding),
-            PrefillProbe(model),
-            plan.spec.kv_cache.make,
-        )
-        run = cls(pipe, tokens, probe, None, lambda *_: 0, partial(new_cache, model))
+        tokens, probe = GreedyTokens(pipe, plan.profile.decoding), PrefillProbe(model)
         # kvpress's runner seeds once before its run: a press drawing random numbers (RandomPress, Compactor's
         # sketch) draws the same ones here.
         torch.manual_seed(plan.spec.seed)
-        run.forcing = forcing_pool(model) if plan.likelihood else None
-        run.length = templated_context_length(pipe, tokenizer)
-        return run
+        forcing = forcing_pool(model) if plan.likelihood else None
+        length = templated_context_length(pipe, tokenizer)
+        return cls(pipe, tokens, probe, forcing, length, partial(plan.spec.kv_cache.make, model))
 
     def reset(self) -> None:
         """Before each group: its prefill, its answers and its decoding press's removals counted afresh."""

@@ -100,13 +100,11 @@ class Conversation:
         """The tokens this turn's answer may generate."""
         return self.max_new_tokens[self.turn]
 
-    def take(self, answer: list[int], greedy: int) -> int:
+    def take(self, answer: list[int], greedy: int) -> None:
         """Append to this turn's ``answer`` the pass's ``greedy`` token, or, in a replayed turn, its recorded token
-        instead (which the next pass then feeds back); returns the token taken."""
+        instead (which the next pass then feeds back)."""
         forced = self.forced()
-        token = greedy if forced is None else forced[len(answer)]
-        answer.append(token)
-        return token
+        answer.append(greedy if forced is None else forced[len(answer)])
 
     def ended(self, answer: list[int], stop_ids: set[int]) -> bool:
         """Whether this turn's answer is over: a replayed turn's once its recorded tokens are fed back."""
@@ -166,9 +164,8 @@ class SingleQuestion:
 
     replaying: bool = False
 
-    def take(self, answer: list[int], greedy: int) -> int:
+    def take(self, answer: list[int], greedy: int) -> None:
         answer.append(greedy)
-        return greedy
 
     def ended(self, answer: list[int], stop_ids: set[int]) -> bool:
         return answer_ended(answer, self.turn_max_new_tokens, stop_ids)
