@@ -128,6 +128,23 @@ def test_other_bits_backends_and_a_short_residual_are_kvpress_pipeline_too(tmp_p
         assert expected != kvpress_predictions(ruler_file, set_runner_knobs(factory(), CR), False)
 
 
+@pytest.mark.parametrize("generate", [True, False])
+def test_a_quantized_point_keeps_its_token_budget_with_and_without_generating(tmp_path, ruler_file, generate):
+    """Where the axes meet: budget=N on a quantized cache keeps N pairs of every context, whose likelihood fields are
+    teacher-forced on the dequantized cache; generate=false gives those fields alone."""
+    overrides, _ = QUANTIZED_METHODS["snapkv"]
+    cfg = compose_config(
+        tmp_path, "benchmark=ruler", f"benchmark.path={ruler_file}", "limit=null", LIVELY, *overrides,
+        "budget=16", "cache=quantized", f"generate={str(generate).lower()}",
+    )  # fmt: skip
+    run(cfg)
+    rows = rundir.read_predictions(run_dir(cfg) / rundir.PREDICTIONS)
+    assert rows and not [row for row in rows if row.get("error")]
+    assert [row["kept_ratio"] * row["context_length"] for row in rows] == pytest.approx([16] * len(rows))
+    assert all(row["answer_nll"] is not None for row in rows)
+    assert all(bool(row.get("prediction")) == generate for row in rows)
+
+
 def test_the_axis_leaves_every_run_without_it_as_it_was(tmp_path):
     dynamic = compose_config(tmp_path, "press=topk", "cr=0.5")
     before_the_axis = dynamic.copy()
