@@ -31,6 +31,14 @@ class RunCost:
     likelihood_seconds: float | None = field(
         default=None, metadata=_cost("s", "its share of the teacher-forced passes of the likelihood fields")
     )
+    retention_seconds: float | None = field(
+        default=None,
+        metadata=_cost("s", "its share of answer retention's kept sets and answer spans (diagnostics=)", optional=True),
+    )
+    attention_recall_seconds: float | None = field(
+        default=None,
+        metadata=_cost("s", "its share of attention recall's eager passes (diagnostics=attention)", optional=True),
+    )
     generated_tokens: int | None = field(default=None, metadata=_cost("tokens", "tokens generated", "count"))
     decode_tokens_per_second: float | None = field(
         default=None, metadata=_cost("tokens/s", "generated tokens over decode seconds")

@@ -151,6 +151,12 @@ class Settings:
     )
     likelihood: bool = setting("record the likelihood fields beside each prediction", result=False)
     generate: bool = setting("decode the answers greedily (false: the likelihood fields alone)")
+    diagnostics: str = setting(
+        "why a press fails, beside each prediction: answer retention, and under attention attention recall too",
+        result=False,
+        choices=("retention", "attention", "none"),
+    )
+    save_kept: bool = setting("store each row's kept set (a bitmask per layer and KV head) in the run", result=False)
     fail_fast: bool = setting("stop at the first failing sample instead of recording it", result=False)
     retry_errors: bool = setting("answer again the samples an earlier session recorded as failed", result=False)
     wait_for_locks: bool = setting("wait for the points another process holds", result=False)

@@ -23,6 +23,8 @@ class Cost:
     likelihood_seconds: float = (
         0.0  # the teacher-forced passes of the likelihood fields (evaluate/engine/teacher_forcing.py)
     )
+    retention_seconds: float = 0.0  # the kept sets and answer spans of answer retention (evaluate/engine/diagnosis.py)
+    attention_recall_seconds: float = 0.0  # attention recall's eager passes and reductions (diagnostics=attention)
     generated_tokens: int = 0
     forward_passes: float = 0.0
     prefills: float = 0.0  # a context's prefill passes (a point's share of one its sweep shares)
@@ -31,7 +33,14 @@ class Cost:
 
     @property
     def seconds(self) -> float:
-        return self.prefill_seconds + self.compress_seconds + self.decode_seconds + self.likelihood_seconds
+        return (
+            self.prefill_seconds
+            + self.compress_seconds
+            + self.decode_seconds
+            + self.likelihood_seconds
+            + self.retention_seconds
+            + self.attention_recall_seconds
+        )
 
     def __add__(self, other: "Cost") -> "Cost":
         return Cost(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})

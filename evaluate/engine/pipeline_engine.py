@@ -16,6 +16,7 @@ import torch
 from transformers import Cache, DynamicCache, QuantizedCache
 
 from evaluate.benchmarks import Sample
+from evaluate.engine.attention_recall import masks_set_aside
 from evaluate.engine.context_budget import (
     chat_template_enabled,
     pipeline_budget,
@@ -23,6 +24,8 @@ from evaluate.engine.context_budget import (
 from evaluate.engine.cost import Cost, kv_bytes, measure_kept_ratio
 from evaluate.engine.decoding_pool import DecodingPool
 from evaluate.engine.devices import input_device
+from evaluate.engine.diagnosis import ContextDiagnosis
+from evaluate.engine.kept_sets import kept_set
 from evaluate.engine.pipeline_conversations import ask_conversation
 from evaluate.engine.pipeline_hooks import PipelineRun
 from evaluate.engine.requests import AnsweredGroup, hidden_keys
@@ -86,7 +89,7 @@ def answer_with_pipeline(plan: Plan, model, tokenizer, budget: int) -> Iterator[
             run.reset()
             yield from ask(run, plan, group, budget)
     finally:
-        run.probe.close()
+        run.close()
 
 
 def ask_questions(run: PipelineRun, plan: Plan, group: list[Sample], budget: int) -> Iterator[AnsweredGroup]:
@@ -124,6 +127,8 @@ def ask_questions(run: PipelineRun, plan: Plan, group: list[Sample], budget: int
     )
     if plan.likelihood and result.failure is None:
         _add_likelihood(result, run, plan, cache, inputs)
+    if run.keys is not None and result.failure is None:
+        _add_diagnosis(result, run, plan, cache, inputs)
     yield result
 
 
@@ -157,6 +162,42 @@ def _add_likelihood(result: AnsweredGroup, run: PipelineRun, plan: Plan, cache: 
         result.failure = failure
     result.cost.likelihood_seconds = time.perf_counter() - start
     result.cost.forward_passes += probe.forward_passes - passes
+
+
+def _add_diagnosis(result: AnsweredGroup, run: PipelineRun, plan: Plan, cache: Cache, inputs: _PipelineInputs) -> None:
+    """The group's diagnostics on the cache the pipeline left, against the prefill's keys (evaluate/engine/
+    diagnosis.py); attention recall prefills the context once more without the press. Their passes are not the
+    answers' and are not counted, as on the pool's path."""
+    pipe, tokenizer, group = run.pipe, run.pipe.tokenizer, result.group
+    start = time.perf_counter()
+    try:
+        diagnosis = ContextDiagnosis.of(
+            run.keys.fingerprints, tokenizer, inputs.text, group[0].chat_template, inputs.max_context_length
+        )
+        layers = pipe.model.model.layers
+        decoding = plan.profile.decoding is not None  # its kept set is the answers' last compression's
+        kept = (
+            None
+            if decoding
+            else kept_set(diagnosis.fingerprints, cache, hidden_keys([layer.self_attn for layer in layers]))
+        )
+        retention_seconds = time.perf_counter() - start
+        if plan.spec.diagnostics == "attention":
+            with chat_template_enabled(tokenizer, group[0].chat_template):
+                tokens = pipe.preprocess(inputs.text, inputs.questions, inputs.answer_prefix, inputs.max_context_length)
+            uncompressed = DynamicCache()
+            with torch.no_grad(), masks_set_aside(layers):
+                pipe.model.model(
+                    input_ids=tokens["context_ids"].to(input_device(pipe.model)), past_key_values=uncompressed
+                )
+            answers = [reference_answer_ids(plan.benchmark, sample, tokenizer) for sample in group]
+            diagnosis.add_masses(pipe.model, uncompressed, group, tokens["questions_ids"], answers)
+        result.diagnosis = diagnosis.diagnose(kept, group, recall=plan.spec.diagnostics == "attention")
+    except Exception as failure:  # as the likelihood fields: the group fails, named, and the run goes on
+        result.failure = failure
+        retention_seconds = time.perf_counter() - start
+    result.cost.retention_seconds = retention_seconds
+    result.cost.attention_recall_seconds = time.perf_counter() - start - retention_seconds
 
 
 def pipeline_likelihood(

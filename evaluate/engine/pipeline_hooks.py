@@ -9,12 +9,14 @@ from functools import partial
 
 import torch
 from kvpress import DecodingPress
+from kvpress.utils import extract_keys_and_values
 from transformers import Cache
 
 from evaluate.engine.context_budget import make_pipeline, templated_context_length
 from evaluate.engine.decoding_compression import counting_removals
 from evaluate.engine.decoding_pool import DecodingPool, stop_token_ids
 from evaluate.engine.devices import synchronizer
+from evaluate.engine.kept_sets import key_fingerprints
 from evaluate.engine.requests import GeneratedAnswer
 from evaluate.engine.teacher_forcing import forcing_pool
 from evaluate.points.plan import Plan
@@ -107,6 +109,31 @@ class GreedyTokens:
         return answer
 
 
+class PrefillKeys:
+    """The fingerprints of each layer's keys as the prefill wrote them, before the press compressed them
+    (evaluate/engine/kept_sets.py): a hook on each attention layer that runs before any press's (``prepend``) and
+    takes the first call of each layer after ``reset``, the prefill's."""
+
+    def __init__(self, model: torch.nn.Module):
+        layers = model.model.layers
+        self._handles = [
+            layer.self_attn.register_forward_hook(self._take, with_kwargs=True, prepend=True) for layer in layers
+        ]
+        self.fingerprints: list[torch.Tensor | None] = [None] * len(layers)
+
+    def reset(self) -> None:
+        self.fingerprints = [None] * len(self.fingerprints)
+
+    def _take(self, module, args, kwargs, output) -> None:
+        if self.fingerprints[module.layer_idx] is None:
+            keys, _ = extract_keys_and_values(kwargs["past_key_values"], module.layer_idx)
+            self.fingerprints[module.layer_idx] = key_fingerprints(keys)
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
 @dataclass
 class PipelineRun:
     """One point's run on kvpress's pipeline path: the pipeline, its probes, the pool that teacher-forces its
@@ -120,6 +147,7 @@ class PipelineRun:
     forcing: DecodingPool | None
     length: Callable[[str, bool], int]
     new_cache: Callable[[], Cache]
+    keys: PrefillKeys | None = None  # under diagnostics=retention or attention
 
     @classmethod
     def start(cls, plan: Plan, model, tokenizer) -> "PipelineRun":
@@ -131,10 +159,18 @@ class PipelineRun:
         torch.manual_seed(plan.spec.seed)
         forcing = forcing_pool(model) if plan.likelihood else None
         length = templated_context_length(pipe, tokenizer)
-        return cls(pipe, tokens, probe, forcing, length, partial(plan.spec.kv_cache.make, model))
+        keys = PrefillKeys(model) if plan.spec.diagnostics != "none" else None
+        return cls(pipe, tokens, probe, forcing, length, partial(plan.spec.kv_cache.make, model), keys)
 
     def reset(self) -> None:
         """Before each group: its prefill, its answers and its decoding press's removals counted afresh."""
         self.probe.reset()
         self.tokens.reset()
         self.tokens.removals = 0
+        if self.keys is not None:
+            self.keys.reset()
+
+    def close(self) -> None:
+        self.probe.close()
+        if self.keys is not None:
+            self.keys.close()

@@ -22,6 +22,8 @@ from evaluate.engine.cost import Cost, kv_bytes, measure_kept_ratio
 from evaluate.engine.decoding_compression import compression_policy, kept_after_answer
 from evaluate.engine.decoding_pool import DecodingPool
 from evaluate.engine.devices import cuda_devices, input_device
+from evaluate.engine.diagnosis import ContextDiagnosis
+from evaluate.engine.kept_sets import Diagnosed, kept_set
 from evaluate.engine.prefill import PrefillCapture, QuestionIds, RandomStream, clear_masks, compressed_cache
 from evaluate.engine.requests import AnsweredGroup, DecodeRequest, GeneratedAnswer, Prefilled, RowCost, hidden_keys
 from evaluate.engine.score_memo import ScoreMemo
@@ -191,11 +193,27 @@ class PrefilledContext:
     references: dict[tuple, tuple[list, Cost]]
     prefill_share: float
     sharing: int
+    diagnosis: ContextDiagnosis | None = None
 
     def cost(self, **stages: float) -> Cost:
         """A point's share of the prefill (its time and its one forward pass), with the point's own stages."""
         return Cost(
             prefill_seconds=self.prefill_share, forward_passes=1 / self.sharing, prefills=1 / self.sharing, **stages
+        )
+
+    def diagnose(self, plan: Plan, group: list[Sample], cache, hidden) -> tuple[Diagnosed | None, Cost]:
+        """A point's diagnostics on its compressed ``cache`` (with AdaKV's ``hidden`` keys), and their cost with
+        its share of the context's; a decoding-time press's kept set is its answers' last compression's, not this
+        prefill's, and unknown here."""
+        if self.diagnosis is None or plan.spec.diagnostics == "none":
+            return None, Cost()
+        start = time.perf_counter()
+        kept = kept_set(self.diagnosis.fingerprints, cache, hidden) if plan.profile.decoding is None else None
+        diagnosed = self.diagnosis.diagnose(kept, group, recall=plan.spec.diagnostics == "attention")
+        own = time.perf_counter() - start
+        return diagnosed, Cost(
+            retention_seconds=self.diagnosis.retention_seconds / self.sharing + own,
+            attention_recall_seconds=self.diagnosis.recall_seconds / self.sharing,
         )
 
 
@@ -272,7 +290,25 @@ class PoolEngine:
         length = context_ids.shape[1]
         # Timed apart from the prefill: each second of a run's cost is in one stage only.
         references = _references(members, forcing, self.tokenizer, full_cache, question_ids, length)
-        return PrefilledContext(capture, question_ids, length, references, prefill_share, len(members))
+        diagnosis = self._diagnosis(capture, full_cache, question_ids, key, members)
+        return PrefilledContext(capture, question_ids, length, references, prefill_share, len(members), diagnosis)
+
+    def _diagnosis(self, capture: PrefillCapture, full_cache, question_ids: QuestionIds, key, members):
+        """What the context's points share of their diagnostics (None where none wants any): its keys' fingerprints
+        and prefilled text, and each question's attention mass for those under ``diagnostics=attention``."""
+        wanting = [(plan, group) for _, plan, group in members if plan.spec.diagnostics != "none"]
+        if not wanting:
+            return None
+        text, _, _, chat_template, budget = key
+        keys = [keys for _, keys, _, _ in capture.captured]
+        diagnosis = ContextDiagnosis.of(keys, self.tokenizer, text, chat_template, budget)
+        for plan, group in wanting:
+            if plan.spec.diagnostics == "attention":
+                asked = group[:1] if plan.spec.turns == "multi" else group  # a conversation's later turns: its history
+                answers = [reference_answer_ids(plan.benchmark, sample, self.tokenizer) for sample in asked]
+                questions = question_ids(asked, plan.spec.query_aware)
+                diagnosis.add_masses(self.model, full_cache, asked, questions, answers)
+        return diagnosis
 
     def _compress(
         self, loop: PoolLoop, forcing: DecodingPool, context: PrefilledContext, scores: ScoreMemo, stream, key, member
@@ -298,6 +334,7 @@ class PoolEngine:
             likelihood, likelihood_cost = _likelihood(
                 plan, group, forcing, self.tokenizer, cache, hidden, ids, context.length, context.references
             )
+            diagnosed, diagnosis_cost = context.diagnose(plan, group, cache, hidden)
         except Exception as failure:
             elapsed = time.perf_counter() - start
             yield _failed(point, plan.asked(group), failure, context.cost(compress_seconds=elapsed))
@@ -305,8 +342,10 @@ class PoolEngine:
         finally:
             clear_masks(self.layers)
         cost = context.cost(compress_seconds=compress_seconds, kv_bytes_held=held, kv_bytes_kept=kept)
-        cost = cost + likelihood_cost
-        result = AnsweredGroup(point, group, [None] * len(group), kept_ratio, context.length, cost, likelihood)
+        cost = cost + likelihood_cost + diagnosis_cost
+        result = AnsweredGroup(
+            point, group, [None] * len(group), kept_ratio, context.length, cost, likelihood, diagnosis=diagnosed
+        )
         if not plan.spec.generate:
             yield result
             return
@@ -346,8 +385,16 @@ class PoolEngine:
                 continue
             # The context's cost and bytes, once per conversation: on its first answered turn.
             contexts = 0 if answers else 1
+            diagnosis = result.diagnosis.turn(turn) if result.diagnosis is not None else None
             group = AnsweredGroup(
-                result.point, [sample], [None], result.kept_ratio, result.context_length, cost, contexts=contexts
+                result.point,
+                [sample],
+                [None],
+                result.kept_ratio,
+                result.context_length,
+                cost,
+                contexts=contexts,
+                diagnosis=diagnosis,
             )
             cost = Cost()
             answers.append(GroupAnswers(group, self.tokenizer, pending=1, prefill_cache=prefill_cache))

@@ -8,6 +8,7 @@ from transformers import DynamicCache
 
 from evaluate.engine.cost import Cost
 from evaluate.engine.decoding_compression import CompressionPolicy, NoCompression, RowCompression
+from evaluate.engine.kept_sets import Diagnosed
 from evaluate.engine.turns import Conversation, SingleQuestion
 
 
@@ -184,7 +185,8 @@ class AnsweredGroup:
     """What the engine finished: one point's questions on one context, answered (or failed with ``failure``), with
     the likelihood fields of each sample where the point wants them, and the cost. ``generated`` holds each
     answer's tokens (:class:`GeneratedAnswer`), None where nothing was generated (generate=false, a failure);
-    ``contexts``, the compressed contexts whose cost and bytes it carries.
+    ``contexts``, the compressed contexts whose cost and bytes it carries; ``diagnosis``, each row's diagnostic fields
+    and the kept set they were measured on (evaluate/engine/kept_sets.py), None under ``diagnostics=none``.
     ``point`` indexes the plans the engine was given; the run loop records it."""
 
     point: int
@@ -197,6 +199,7 @@ class AnsweredGroup:
     failure: Exception | None = None
     generated: list[GeneratedAnswer | None] | None = None
     contexts: int = 1  # compressed contexts its cost covers: none for a conversation's later turns
+    diagnosis: Diagnosed | None = None
 
 
 @dataclass

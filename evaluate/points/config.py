@@ -293,6 +293,8 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"{stray} set the knobs of kvpress's registry entries; use method=<entry>")
     if not cfg.generate and not cfg.likelihood:
         raise ConfigError("generate=false with likelihood=false measures nothing; drop one of them")
+    if cfg.save_kept and cfg.diagnostics == "none":
+        raise ConfigError("save_kept=true stores the kept sets the diagnostics find, and diagnostics=none finds none")
     _check_turns(cfg)
     why_not = kv_cache(cfg).why_not_multi_turn  # its instantiation refuses a backend or bits it cannot take
     if why_not and cfg.turns == "multi":

@@ -13,6 +13,7 @@ from evaluate.report.bytes_at_iso_quality import bytes_table
 from evaluate.report.capacity import DEFAULT_MEMORY_GB, capacity_table, check_memory
 from evaluate.report.compare import compare_tables, load_references
 from evaluate.report.decoding import decoding_table
+from evaluate.report.diagnostics import diagnostics_table
 from evaluate.report.differences import Effect, diff_table, effect_table, load_effects
 from evaluate.report.frame import runs_frame, split_by_axis
 from evaluate.report.iso_quality import BUDGET as ISO_BUDGET
@@ -50,12 +51,13 @@ class Report:
     answer_length: list[Table] = field(default_factory=list)  # per benchmark, where runs recorded answer token ids
     turns: list[Table] = field(default_factory=list)  # per benchmark, where runs have a score by turn
     decoding: list[Table] = field(default_factory=list)  # per benchmark, where it has decoding-time runs
+    diagnostics: list[Table] = field(default_factory=list)  # per benchmark, where runs have answer retention
 
     def tables(self) -> list[Table]:
         tables = [*self.headline, *self.budgets, *self.decoding, *self.tasks, *self.differences, *self.iso]
         tables += self.capacity
         tables += self.comparisons
-        tables += [*self.likelihood, *self.answer_length, *self.turns]
+        tables += [*self.likelihood, *self.diagnostics, *self.answer_length, *self.turns]
         return [*tables, cost_table(self.frame), runs_table(self.frame)]
 
     def page(self, runs_dir: Path, resamples: int) -> str:
@@ -69,7 +71,7 @@ class Report:
         paragraphs += [table.page() for table in [*self.differences, *self.iso, *self.capacity, *self.comparisons]]
         for table in self.likelihood[:1]:
             paragraphs += [table.page(), "Per task: [likelihood_tasks.md](likelihood_tasks.md)"]
-        paragraphs += [table.page() for table in [*self.answer_length, *self.turns]]
+        paragraphs += [table.page() for table in [*self.diagnostics, *self.answer_length, *self.turns]]
         if self.unmatched_references:
             paragraphs.append(f"{self.unmatched_references} published figures have no matching run.")
         if self.skipped:
@@ -170,8 +172,8 @@ def _iso_fields(
 def _per_run_fields(
     runs: list[RunResult], frame: pd.DataFrame, by_decoding: pd.DataFrame, serving_memory_gb: float
 ) -> dict[str, Any]:
-    """:class:`Report`'s tables with a row per run: decoding-time runs, likelihood, serving capacity, answer length
-    and score by turn, each where some run has what it shows."""
+    """:class:`Report`'s tables with a row per run: decoding-time runs, likelihood, diagnostics, serving capacity,
+    answer length and score by turn, each where some run has what it shows."""
     decoding = [decoding_table(by_decoding, benchmark) for benchmark in sorted(by_decoding.benchmark.unique())]
     # A row per run, each saying what it keeps: cr, budget or target size.
     likelihood = likelihood_tables(frame)
@@ -180,7 +182,9 @@ def _per_run_fields(
     lengths = [table for benchmark in names if (table := answer_length_table(frame, benchmark))]
     # By turn: the runs at a ratio and the token-budget runs in one table, each row saying what it keeps.
     turns = [table for benchmark in names if (table := turn_table(frame, benchmark))]
+    diagnostics = [table for benchmark in names if (table := diagnostics_table(frame, benchmark))]
     return {
+        "diagnostics": diagnostics,
         "decoding": decoding,
         "likelihood": likelihood,
         "capacity": [capacity] if capacity else [],

@@ -7,6 +7,7 @@ import pandas as pd
 from evaluate.cost_schema import COST_KEYS
 from evaluate.report.runs import NO_PRESS, ROW_KEY, RunResult, find_baselines, variant_names
 from evaluate.score.answer_length import DRIFT_FIELDS, drift_metrics, own_metrics
+from evaluate.score.diagnostics import FIELDS as DIAGNOSTIC_FIELDS
 from evaluate.score.likelihood import FIELDS as LIKELIHOOD_FIELDS
 
 _RUN_ATTRIBUTES = "benchmark model model_id method variant query_aware score interval_note partial_reasons".split()
@@ -68,7 +69,8 @@ def runs_frame(runs: Sequence[RunResult]) -> pd.DataFrame:
     (evaluate/score/baseline.py), NA for none; ``contexts``, the fewest any task's interval resampled; ``n``,
     samples; ``settings``, the benchmark's config; the answer-length fields (:func:`answer_length`); each
     likelihood field's headline (``answer_kl``, ...) with its interval (``answer_kl_low``, ``answer_kl_high``) and
-    ``likelihood_n``, the rows that have them; ``turns``, ``history`` and ``turn_mode`` (:func:`mode_label`),
+    ``likelihood_n``, the rows that have them; ``answer_retention`` and ``attention_recall``, the diagnostics'
+    headlines (evaluate/score/diagnostics.py); ``turns``, ``history`` and ``turn_mode`` (:func:`mode_label`),
     ``score_by_turn`` and ``samples_by_turn`` (metrics.json's, empty without turns); ``generate``; ``kept_ratio``,
     the mean of the rows' measured kept share, and a decoding-time run's fields (:func:`decoding_fields`);
     ``variant_settings``, what :func:`labelled` tells runs apart by; then task, task_score, task_n and the task's
@@ -103,6 +105,7 @@ def _run_record(runs: Sequence[RunResult], position: int, baseline: int | None) 
         **{key: run.run.get(key) for key in COST_KEYS},
         "run_dir": str(run.path),
         **_likelihood_fields(run),
+        **{name: (run.diagnostics.get(name) or {}).get("mean") for name in DIAGNOSTIC_FIELDS},
         **answer_length(runs, position, baseline),
     }
 
@@ -148,6 +151,7 @@ def _column_types() -> dict:
     numbers |= {column: float for column in [*likelihood_columns, *(f"task_{name}" for name in LIKELIHOOD_FIELDS)]}
     numbers |= {"likelihood_n": "Int64", "task_likelihood_n": "Int64", "answer_length_n": "Int64"}
     numbers |= dict.fromkeys(DRIFT_FIELDS, float)
+    numbers |= dict.fromkeys(DIAGNOSTIC_FIELDS, float)
     return numbers
 
 

@@ -83,6 +83,7 @@ class RunResult:
         self.samples = sum(int(task.get("n", 0)) for task in self.tasks.values())
         self.score = None if self.metrics.get("score") is None else float(self.metrics["score"])  # the headline
         self.likelihood: dict = self.metrics.get("likelihood") or {}  # metrics.json's means of the likelihood fields
+        self.diagnostics: dict = self.metrics.get("diagnostics") or {}  # answer retention, attention recall
         # A conversation's turns asked each on its own or in order on one cache, and the earlier answers that cache
         # holds (conf/config.yaml): a multi-turn run is never a variant nor a duplicate of its independent twin.
         self.turns, self.history = (str(self.config.get(key) or value) for key, value in TURN_DEFAULTS.items())
@@ -125,6 +126,7 @@ _SHAPES = {
         "tasks": dict,
         "score": _NUMBER,
         "likelihood": dict,
+        "diagnostics": dict,
         "score_by_turn": dict,
         "samples_by_turn": dict,
     },

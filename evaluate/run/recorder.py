@@ -11,6 +11,7 @@ merges every shard's rows into ``predictions.jsonl``, in the order one process w
 
 import logging
 import resource
+import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ from evaluate.cost_schema import RunCost
 from evaluate.engine.cost import Cost
 from evaluate.engine.requests import AnsweredGroup
 from evaluate.errors import ConfigError
+from evaluate.kept_store import KEPT, write_kept
 from evaluate.points.plan import Plan
 from evaluate.points.shard import Shard
 from evaluate.run.planning import sample_identity
@@ -134,6 +136,8 @@ class RunStats:
             compress_seconds=round(cost.compress_seconds, 3),
             decode_seconds=round(cost.decode_seconds, 3),
             likelihood_seconds=round(cost.likelihood_seconds, 3),
+            retention_seconds=round(cost.retention_seconds, 3) if cost.retention_seconds else None,
+            attention_recall_seconds=round(cost.attention_recall_seconds, 3) if cost.attention_recall_seconds else None,
             generated_tokens=cost.generated_tokens,
             decode_tokens_per_second=round(cost.generated_tokens / cost.decode_seconds, 2)
             if cost.decode_seconds
@@ -255,6 +259,7 @@ class Recorder:
         if plan.spec.overwrite:
             for name in (rundir.PREDICTIONS, rundir.METRICS, rundir.RUN, rundir.CONFIG):
                 (plan.out / name).unlink(missing_ok=True)
+            shutil.rmtree(plan.out / KEPT, ignore_errors=True)
         elif plan.spec.retry_errors:
             # The plan dropped the failed rows: the file keeps only what the plan kept.
             rundir.rewrite_predictions(self.predictions, plan.kept_rows)
@@ -298,6 +303,8 @@ class Recorder:
             # One bad context must not kill a sweep: record it, count it as wrong, and go on.
             error = describe(result.failure)
             logger.warning("context of %s failed and is scored as wrong: %s", group[0].id, error)
+        if self.plan.spec.save_kept and not error:
+            self._store_kept(result)
         rundir.append_predictions(self.predictions, self._rows(result, error))
         kept_ratio = None if error else result.kept_ratio
         self.n_errors += len(group) if error else 0
@@ -319,6 +326,15 @@ class Recorder:
             kept_ratio=kept_ratio,
             errors=self.n_errors,
         )
+
+    def _store_kept(self, result: AnsweredGroup) -> None:
+        """Each row's kept set under kept/ (``save_kept=true``), before its row: a row recorded has its file."""
+        diagnosis = result.diagnosis
+        if diagnosis is None or diagnosis.kept is None:
+            return
+        mask = diagnosis.kept.mask.numpy()
+        for sample, positions in zip(result.group, diagnosis.answer_positions, strict=True):
+            write_kept(self.plan.out, sample.id, mask, None if positions is None else positions.numpy())
 
     def _left_for_the_rerun(self, result: AnsweredGroup) -> bool:
         """Whether a failed group is left unanswered for the rerun, as a failure of the machine is; raises it under
@@ -346,7 +362,10 @@ class Recorder:
         answers = [""] * len(result.group) if error else result.answers
         likelihood = (None if error else result.likelihood) or [{}] * len(result.group)
         generated = (None if error else result.generated) or [None] * len(result.group)
-        for sample, answer, scores, tokens in zip(result.group, answers, likelihood, generated, strict=True):
+        diagnosed = (None if error or result.diagnosis is None else result.diagnosis.fields) or [{}] * len(result.group)
+        for sample, answer, scores, tokens, diagnostics in zip(
+            result.group, answers, likelihood, generated, diagnosed, strict=True
+        ):
             # The answer's exact token ids and why it ended (evaluate/score/answer_length.py); none when not generated.
             length = row_columns(tokens.token_ids, tokens.stopped_on_eos) if tokens is not None else {}
             if tokens is not None and tokens.compressed is not None:
@@ -361,6 +380,7 @@ class Recorder:
                 **length,
                 **sample.extra,
                 **scores,
+                **diagnostics,
                 **({"error": error} if error else {}),
             }
 

@@ -22,6 +22,7 @@ from hydra.utils import instantiate
 from evaluate import rundir
 from evaluate.errors import ConfigError, refuse
 from evaluate.score.answer_length import against_baseline, own_metrics
+from evaluate.score.diagnostics import diagnostics_metrics
 from evaluate.score.likelihood import likelihood_metrics
 from evaluate.score.tables import format_task_table
 from evaluate.score.turns import turn_metrics
@@ -68,7 +69,8 @@ def check_references(benchmark, rows: list[dict], where: str) -> None:
 def score_rows(benchmark, rows: list[dict], where: str = "predictions") -> dict:
     """The benchmark's metrics (none under ``generate=false``, whose rows hold no prediction), plus how many samples
     failed (they are scored as the wrong answers they are), the score by turn where rows are turns of conversations
-    (evaluate/score/turns.py), the likelihood fields' means and the answers' length in tokens
+    (evaluate/score/turns.py), the likelihood fields' means, the diagnostics' means (evaluate/score/diagnostics.py)
+    and the answers' length in tokens
     (evaluate/score/answer_length.py). ``where`` names the rows' file in a refusal (:func:`check_references`)."""
     check_references(benchmark, rows, where)
     generated = all(row.get("prediction") is not None for row in rows)
@@ -82,6 +84,9 @@ def score_rows(benchmark, rows: list[dict], where: str = "predictions") -> dict:
     likelihood = likelihood_metrics(rows)
     if likelihood is not None:
         metrics["likelihood"] = likelihood
+    diagnostics = diagnostics_metrics(rows)
+    if diagnostics is not None:
+        metrics["diagnostics"] = diagnostics
     answer_length = own_metrics(rows)
     if answer_length is not None:
         metrics["answer_length"] = answer_length

@@ -1,0 +1,119 @@
+"""Which context positions a compressed cache kept, per layer and KV head, whatever the press (docs/metrics.md's
+"Why a press fails").
+
+A press keeps a pair by copying its key (``gather``), never by computing a new one, so each key a compressed cache
+holds is bit for bit a key of the uncompressed prefill; keys at two positions never agree (rotary embeddings put the
+position in them). So each kept key is found among the prefill's by an exact fingerprint of its bits
+(:func:`key_fingerprints`: two independent integer hashes, 48 bits of collision resistance each), with no hook in
+any press. The pairs a masking press (AdaKV) hides count as dropped. A press that writes new keys (KeyRerotation,
+ThinK's pruned channels) or a quantized cache leaves keys the prefill never had: its kept set is unknown (None),
+and so are the diagnostics that need it.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+# Two fixed weight vectors per head dimension: below 2**24, so that a key's bits (at most 2**31 as integers) times a
+# weight, summed over 256 dimensions, stays inside int64 and the hash is exact integer arithmetic on any device.
+_WEIGHT_BOUND = 2**24
+_INTEGER_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+
+
+def _weights(head_dim: int, device: torch.device) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(46)
+    return torch.randint(1, _WEIGHT_BOUND, (head_dim, 2), generator=generator, dtype=torch.int64).to(device)
+
+
+def key_fingerprints(keys: torch.Tensor) -> torch.Tensor:
+    """Each key's fingerprint ([KV heads, positions, 2] int64) from a layer's keys ([1, KV heads, positions, head
+    dim]): two integer hashes of its bits, equal for equal keys and, for distinct keys, different but with
+    probability 2**-48."""
+    keys = keys[0].contiguous()
+    return keys.view(_INTEGER_VIEW[keys.dtype]).to(torch.int64) @ _weights(keys.shape[-1], keys.device)
+
+
+@dataclass
+class KeptSet:
+    """The context positions a compressed cache kept: ``mask`` [layers, KV heads, context positions], True where
+    the position's pair is in the cache and not masked."""
+
+    mask: torch.Tensor
+
+    @property
+    def context_length(self) -> int:
+        return self.mask.shape[-1]
+
+    def retention(self, positions: torch.Tensor) -> tuple[float, list[float]]:
+        """The share of ``positions`` kept, averaged over KV heads: per layer, and over layers."""
+        by_layer = self.mask[:, :, positions].float().mean(dim=(1, 2))
+        return round(float(by_layer.mean()), 6), [round(float(share), 4) for share in by_layer]
+
+    def recall(self, mass: torch.Tensor) -> tuple[float, list[float]]:
+        """The share of the attention ``mass`` ([layers, KV heads, context positions], each head's summing to 1)
+        that falls on kept positions, averaged over KV heads: per layer, and over layers."""
+        by_layer = (mass * self.mask).sum(dim=-1).mean(dim=-1)
+        return round(float(by_layer.mean()), 6), [round(float(share), 4) for share in by_layer]
+
+
+def _matched_positions(original: torch.Tensor, kept: torch.Tensor) -> torch.Tensor | None:
+    """For each kept key's fingerprint ([heads, m, 2]), the position of the original key with that fingerprint
+    ([heads, m]); None when some kept key is no original's, or two original keys of a head share one."""
+    heads, length, _ = original.shape
+    head_of = torch.arange(heads, device=original.device)
+    rows = torch.cat(
+        [
+            torch.cat([head_of[:, None, None].expand(heads, length, 1), original], dim=-1).reshape(-1, 3),
+            torch.cat([head_of[:, None, None].expand(heads, kept.shape[1], 1), kept], dim=-1).reshape(-1, 3),
+        ]
+    )
+    _, identity = torch.unique(rows, dim=0, return_inverse=True)
+    originals, kept_identity = identity[: heads * length], identity[heads * length :]
+    if torch.unique(originals).numel() != originals.numel():
+        return None
+    position_of = torch.full((rows.shape[0],), -1, dtype=torch.int64, device=original.device)
+    position_of[originals] = torch.arange(length, device=original.device).repeat(heads)
+    positions = position_of[kept_identity].reshape(heads, -1)
+    return None if bool((positions < 0).any()) else positions
+
+
+def kept_set(original: list[torch.Tensor], cache, hidden: tuple = ()) -> KeptSet | None:
+    """The kept set of the compressed ``cache`` against the ``original`` fingerprints of each layer's uncompressed
+    keys (:func:`key_fingerprints`), the keys ``hidden`` masks (per layer, (heads, cache positions) or None) counted
+    as dropped; None when some layer kept a key the prefill never had (module docstring)."""
+    masks = []
+    for index, (fingerprints, layer) in enumerate(zip(original, cache.layers, strict=True)):
+        keys = getattr(layer, "keys", None)
+        if getattr(layer, "_quantized_keys", None) is not None or not isinstance(keys, torch.Tensor):
+            return None  # a quantized cache's keys are not the prefill's
+        if keys.dim() != 4 or keys.dtype not in _INTEGER_VIEW:
+            return None
+        heads, length = fingerprints.shape[:2]
+        positions = _matched_positions(fingerprints, key_fingerprints(keys)) if keys.shape[2] else None
+        mask = torch.zeros(heads, length, dtype=torch.bool, device=fingerprints.device)
+        if keys.shape[2]:
+            if positions is None:
+                return None
+            mask.scatter_(1, positions, True)
+            masked = hidden[index] if index < len(hidden) else None
+            if masked is not None:
+                head_indices, cache_positions = masked
+                inside = cache_positions < positions.shape[1]
+                head_indices, cache_positions = head_indices[inside], cache_positions[inside]
+                mask[head_indices, positions[head_indices, cache_positions]] = False
+        masks.append(mask.cpu())
+    return KeptSet(torch.stack(masks))
+
+
+@dataclass
+class Diagnosed:
+    """A group's diagnostics (evaluate/engine/diagnosis.py): each row's fields, and the kept set they were measured
+    on (None: unknown) with each row's answer positions in it (None: not in the context), which ``save_kept`` stores."""
+
+    fields: list[dict]
+    kept: KeptSet | None
+    answer_positions: list[torch.Tensor | None]
+
+    def turn(self, index: int) -> "Diagnosed":
+        """One row's: a conversation's turn, recorded as a group of its own."""
+        return Diagnosed([self.fields[index]], self.kept, [self.answer_positions[index]])
