@@ -35,6 +35,7 @@ import torch
 from kvpress import DecodingPress
 from kvpress.attention_patch import search_hyperplane
 
+from evaluate.engine.kept_sets import key_fingerprints
 from evaluate.press_profile import keeps_every_key
 
 
@@ -131,10 +132,13 @@ class RowCompression:
         self.steps = [0] * self.layers
         self.masked = [None] * self.layers
 
-    def final_state(self, cache: RowStore, slot: int) -> tuple[tuple[int, ...], tuple, bool]:
+    def final_state(self, cache: RowStore, slot: int) -> tuple[tuple[int, ...], tuple, bool, tuple]:
         """What a finished row records of its compression: each layer's length as it left, the keys its last
-        compression masked on each layer, and whether any compression removed pairs."""
-        return tuple(cache.host_lengths[:, slot].tolist()), tuple(self.masked), self.removals > 0
+        compression masked on each layer, whether any compression removed pairs, and the fingerprints of each
+        layer's keys as it left (evaluate/engine/kept_sets.py: which context positions its answer's last
+        compression kept)."""
+        fingerprints = tuple(key_fingerprints(cache.row(layer, slot)[0]) for layer in range(self.layers))
+        return tuple(cache.host_lengths[:, slot].tolist()), tuple(self.masked), self.removals > 0, fingerprints
 
     def after_pass(
         self, cache: RowStore, slot: int, modules, inputs: LayerInputs, batch_index: int, query_length: int
@@ -281,8 +285,8 @@ class NoCompression:
         padding writes to (a teacher-forced row, which generates nothing, keeps that one)."""
         return cache_length + question_length + max(max_new_tokens, 1)
 
-    def final_state(self, cache: RowStore, slot: int) -> tuple[None, None, None]:
-        return None, None, None
+    def final_state(self, cache: RowStore, slot: int) -> tuple[None, None, None, None]:
+        return None, None, None, None
 
     def after_pass(self, *args) -> None:
         return None

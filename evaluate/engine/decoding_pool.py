@@ -286,8 +286,10 @@ class DecodingPool:
 
     def _answered(self, slot: int, row: RunningRow, output) -> FinishedRow:
         """A row's answer as it stands in its slot: for a decoding press, with the lengths and masks it left."""
-        final, masks, compressed = row.compression.final_state(self.cache, slot)
-        return FinishedRow(row.request.tag, output, row.cost, final, masks, row.turn, compressed=compressed)
+        final, masks, compressed, keys = row.compression.final_state(self.cache, slot)
+        return FinishedRow(
+            row.request.tag, output, row.cost, final, masks, row.turn, compressed=compressed, final_keys=keys
+        )
 
     def _leave(self, slot: int, row: RunningRow, output) -> FinishedRow:
         finished = self._answered(slot, row, output)

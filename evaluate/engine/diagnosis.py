@@ -73,4 +73,4 @@ class ContextDiagnosis:
                 row["attention_recall"], row["attention_recall_by_layer"] = kept.recall(mass)
             rows.append(row)
             spans.append(positions)
-        return Diagnosed(rows, kept, spans)
+        return Diagnosed(rows, [kept] * len(group), spans)

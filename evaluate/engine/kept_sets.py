@@ -58,7 +58,7 @@ class KeptSet:
 
 def _matched_positions(original: torch.Tensor, kept: torch.Tensor) -> torch.Tensor | None:
     """For each kept key's fingerprint ([heads, m, 2]), the position of the original key with that fingerprint
-    ([heads, m]); None when some kept key is no original's, or two original keys of a head share one."""
+    ([heads, m]), -1 for a key that is no original's; None when two original keys of a head share one."""
     heads, length, _ = original.shape
     head_of = torch.arange(heads, device=original.device)
     rows = torch.cat(
@@ -73,47 +73,70 @@ def _matched_positions(original: torch.Tensor, kept: torch.Tensor) -> torch.Tens
         return None
     position_of = torch.full((rows.shape[0],), -1, dtype=torch.int64, device=original.device)
     position_of[originals] = torch.arange(length, device=original.device).repeat(heads)
-    positions = position_of[kept_identity].reshape(heads, -1)
-    return None if bool((positions < 0).any()) else positions
+    return position_of[kept_identity].reshape(heads, -1)
 
 
-def kept_set(original: list[torch.Tensor], cache, hidden: tuple = ()) -> KeptSet | None:
-    """The kept set of the compressed ``cache`` against the ``original`` fingerprints of each layer's uncompressed
-    keys (:func:`key_fingerprints`), the keys ``hidden`` masks (per layer, (heads, cache positions) or None) counted
-    as dropped; None when some layer kept a key the prefill never had (module docstring)."""
-    masks = []
-    for index, (fingerprints, layer) in enumerate(zip(original, cache.layers, strict=True)):
+def layer_fingerprints(cache) -> list[torch.Tensor] | None:
+    """Each layer's key fingerprints of a compressed ``cache``; None where its keys are not plain tensors of a
+    floating type the fingerprints read (a quantized cache's are not the prefill's)."""
+    fingerprints = []
+    for layer in cache.layers:
         keys = getattr(layer, "keys", None)
         if getattr(layer, "_quantized_keys", None) is not None or not isinstance(keys, torch.Tensor):
-            return None  # a quantized cache's keys are not the prefill's
+            return None
         if keys.dim() != 4 or keys.dtype not in _INTEGER_VIEW:
             return None
+        fingerprints.append(key_fingerprints(keys))
+    return fingerprints
+
+
+def kept_set(
+    original: list[torch.Tensor], kept: list[torch.Tensor] | None, hidden: tuple = (), new_keys: bool = False
+) -> KeptSet | None:
+    """The kept set of a compressed cache whose layers' keys have the ``kept`` fingerprints
+    (:func:`layer_fingerprints`), against the ``original`` fingerprints of each layer's uncompressed keys, the keys
+    ``hidden`` masks (per layer, (heads, cache positions) or None) counted as dropped. ``new_keys``: the cache may hold keys the prefill never
+    had (a decoding-time press's, from its question and answer), which are no context position; otherwise such a key
+    makes the kept set unknown (None), as it does when ``kept`` is None (module docstring)."""
+    if kept is None:
+        return None
+    masks = []
+    for index, (fingerprints, layer) in enumerate(zip(original, kept, strict=True)):
         heads, length = fingerprints.shape[:2]
-        positions = _matched_positions(fingerprints, key_fingerprints(keys)) if keys.shape[2] else None
         mask = torch.zeros(heads, length, dtype=torch.bool, device=fingerprints.device)
-        if keys.shape[2]:
-            if positions is None:
-                return None
-            mask.scatter_(1, positions, True)
-            masked = hidden[index] if index < len(hidden) else None
-            if masked is not None:
-                head_indices, cache_positions = masked
-                inside = cache_positions < positions.shape[1]
-                head_indices, cache_positions = head_indices[inside], cache_positions[inside]
-                mask[head_indices, positions[head_indices, cache_positions]] = False
+        positions = _matched_positions(fingerprints, layer) if layer.shape[1] else torch.zeros(heads, 0).long()
+        if positions is None or (not new_keys and bool((positions < 0).any())):
+            return None
+        masked = hidden[index] if index < len(hidden) else None
+        if masked is not None:  # hidden from every query: dropped
+            head_indices, cache_positions = masked
+            inside = cache_positions < positions.shape[1]
+            positions = positions.clone()
+            positions[head_indices[inside], cache_positions[inside]] = -1
+        found = positions >= 0
+        mask[torch.arange(heads, device=found.device).repeat_interleave(found.sum(dim=1)), positions[found]] = True
         masks.append(mask.cpu())
     return KeptSet(torch.stack(masks))
 
 
 @dataclass
 class Diagnosed:
-    """A group's diagnostics (evaluate/engine/diagnosis.py): each row's fields, and the kept set they were measured
-    on (None: unknown) with each row's answer positions in it (None: not in the context), which ``save_kept`` stores."""
+    """A group's diagnostics (evaluate/engine/diagnosis.py): each row's fields, the kept set they were measured on
+    (None: unknown; a decoding-time press's rows each have their own) and the row's answer positions in it (None:
+    not in the context), which ``save_kept`` stores."""
 
     fields: list[dict]
-    kept: KeptSet | None
+    kept: list[KeptSet | None]
     answer_positions: list[torch.Tensor | None]
 
     def turn(self, index: int) -> "Diagnosed":
         """One row's: a conversation's turn, recorded as a group of its own."""
-        return Diagnosed([self.fields[index]], self.kept, [self.answer_positions[index]])
+        return Diagnosed([self.fields[index]], [self.kept[index]], [self.answer_positions[index]])
+
+    def replace_row(self, index: int, row: "Diagnosed") -> None:
+        """Row ``index`` measured again (``row``, of one row): on the kept set its answer left."""
+        self.fields[index], self.kept[index], self.answer_positions[index] = (
+            row.fields[0],
+            row.kept[0],
+            row.answer_positions[0],
+        )

@@ -25,7 +25,7 @@ from evaluate.engine.cost import Cost, kv_bytes, measure_kept_ratio
 from evaluate.engine.decoding_pool import DecodingPool
 from evaluate.engine.devices import input_device
 from evaluate.engine.diagnosis import ContextDiagnosis
-from evaluate.engine.kept_sets import kept_set
+from evaluate.engine.kept_sets import kept_set, layer_fingerprints
 from evaluate.engine.pipeline_conversations import ask_conversation
 from evaluate.engine.pipeline_hooks import PipelineRun
 from evaluate.engine.requests import AnsweredGroup, hidden_keys
@@ -175,12 +175,11 @@ def _add_diagnosis(result: AnsweredGroup, run: PipelineRun, plan: Plan, cache: C
             run.keys.fingerprints, tokenizer, inputs.text, group[0].chat_template, inputs.max_context_length
         )
         layers = pipe.model.model.layers
-        decoding = plan.profile.decoding is not None  # its kept set is the answers' last compression's
-        kept = (
-            None
-            if decoding
-            else kept_set(diagnosis.fingerprints, cache, hidden_keys([layer.self_attn for layer in layers]))
-        )
+        # A decoding-time press's cache, as the pipeline cut it back, is the last answer's last compression's: it
+        # may hold keys of that question and answer, which are no context position.
+        hidden = hidden_keys([layer.self_attn for layer in layers])
+        decoding = plan.profile.decoding is not None
+        kept = kept_set(diagnosis.fingerprints, layer_fingerprints(cache), hidden, new_keys=decoding)
         retention_seconds = time.perf_counter() - start
         if plan.spec.diagnostics == "attention":
             with chat_template_enabled(tokenizer, group[0].chat_template):

@@ -23,9 +23,17 @@ from evaluate.engine.decoding_compression import compression_policy, kept_after_
 from evaluate.engine.decoding_pool import DecodingPool
 from evaluate.engine.devices import cuda_devices, input_device
 from evaluate.engine.diagnosis import ContextDiagnosis
-from evaluate.engine.kept_sets import Diagnosed, kept_set
+from evaluate.engine.kept_sets import Diagnosed, kept_set, layer_fingerprints
 from evaluate.engine.prefill import PrefillCapture, QuestionIds, RandomStream, clear_masks, compressed_cache
-from evaluate.engine.requests import AnsweredGroup, DecodeRequest, GeneratedAnswer, Prefilled, RowCost, hidden_keys
+from evaluate.engine.requests import (
+    AnsweredGroup,
+    DecodeRequest,
+    FinishedRow,
+    GeneratedAnswer,
+    Prefilled,
+    RowCost,
+    hidden_keys,
+)
 from evaluate.engine.score_memo import ScoreMemo
 from evaluate.engine.teacher_forcing import forcing_pool, likelihood_fields, reference_answer_ids, teacher_forced
 from evaluate.engine.turns import Conversation
@@ -41,6 +49,8 @@ class GroupAnswers:
     tokenizer: object
     pending: int = 0
     prefill_cache: DynamicCache | None = None
+    diagnosis: ContextDiagnosis | None = None  # a decoding-time press's rows, measured on what each answer left
+    recall: bool = False
 
     def arrive(
         self, index: int, answer: GeneratedAnswer, row_cost: RowCost, kept: tuple[float, int] | None = None
@@ -60,6 +70,18 @@ class GroupAnswers:
         cost.forward_passes += row_cost.forward_passes
         cost.generated_tokens += row_cost.generated_tokens
         self.pending -= 1
+
+    def diagnose_row(self, index: int, row: FinishedRow) -> None:
+        """A decoding-time press's row measured on the keys its answer's last compression left, each layer cut back
+        to its length before the question, as the kept ratio counts it (``kept_after_answer``)."""
+        start = time.perf_counter()
+        before = [layer.keys.shape[2] for layer in self.prefill_cache.layers]
+        layers = zip(row.final_keys, row.final_lengths, before, strict=True)
+        kept_keys = [keys[:, : min(final, length)] for keys, final, length in layers]
+        kept = kept_set(self.diagnosis.fingerprints, kept_keys, row.final_masks, new_keys=True)
+        sample = self.result.group[index]
+        self.result.diagnosis.replace_row(index, self.diagnosis.diagnose(kept, [sample], self.recall))
+        self.result.cost.retention_seconds += time.perf_counter() - start
 
     def fail(self, failure: Exception) -> None:
         """A row of the group failed on its own (its press raised): the group is recorded with that failure once
@@ -177,6 +199,8 @@ class PoolLoop:
                 )
             answer = GeneratedAnswer.of(row.output, self.pool.stop_ids, row.compressed)
             answers.arrive(index, answer, row.cost, kept)
+            if row.final_keys is not None and answers.diagnosis is not None:
+                answers.diagnose_row(index, row)
         complete = [answers.result for answers in self.outstanding if answers.complete]
         self.outstanding[:] = [answers for answers in self.outstanding if not answers.complete]
         return complete
@@ -203,12 +227,12 @@ class PrefilledContext:
 
     def diagnose(self, plan: Plan, group: list[Sample], cache, hidden) -> tuple[Diagnosed | None, Cost]:
         """A point's diagnostics on its compressed ``cache`` (with AdaKV's ``hidden`` keys), and their cost with
-        its share of the context's; a decoding-time press's kept set is its answers' last compression's, not this
-        prefill's, and unknown here."""
+        its share of the context's; a decoding-time press's rows are measured again on what their answers left
+        (:meth:`GroupAnswers.diagnose_row`)."""
         if self.diagnosis is None or plan.spec.diagnostics == "none":
             return None, Cost()
         start = time.perf_counter()
-        kept = kept_set(self.diagnosis.fingerprints, cache, hidden) if plan.profile.decoding is None else None
+        kept = kept_set(self.diagnosis.fingerprints, layer_fingerprints(cache), hidden)
         diagnosed = self.diagnosis.diagnose(kept, group, recall=plan.spec.diagnostics == "attention")
         own = time.perf_counter() - start
         return diagnosed, Cost(
@@ -354,6 +378,9 @@ class PoolEngine:
         compression = compression_policy(decoding)
         # A row compressed while decoding measures what its answer left against this cache (GroupAnswers.arrive).
         prefill_cache = cache if decoding is not None else None
+        # And measures its diagnostics again on what its answer left (GroupAnswers.diagnose_row).
+        row_diagnosis = context.diagnosis if decoding is not None and diagnosed is not None else None
+        recall = plan.spec.diagnostics == "attention"
         if multi:
             try:
                 conversation = conversation_of(plan, group, ids[0], self.tokenizer, loop.pool.stop_ids)
@@ -362,9 +389,16 @@ class PoolEngine:
                 return
             first_turn = conversation.max_new_tokens[0]
             request = DecodeRequest(cache, ids[0], context.length, first_turn, hidden, compression=compression)
-            loop.submit(*self._turns(result, conversation, request, prefill_cache))
+            loop.submit(
+                *self._turns(
+                    result,
+                    conversation,
+                    request,
+                    GroupAnswers(None, self.tokenizer, 1, prefill_cache, row_diagnosis, recall),
+                )
+            )
             return
-        answers = GroupAnswers(result, self.tokenizer, pending=len(ids), prefill_cache=prefill_cache)
+        answers = GroupAnswers(result, self.tokenizer, len(ids), prefill_cache, row_diagnosis, recall)
         requests = [
             DecodeRequest(
                 cache, question, context.length, max_new_tokens, hidden, tag=(answers, index), compression=compression
@@ -374,10 +408,11 @@ class PoolEngine:
         loop.submit([answers], requests)
 
     def _turns(
-        self, result: AnsweredGroup, conversation: Conversation, request: DecodeRequest, prefill_cache
+        self, result: AnsweredGroup, conversation: Conversation, request: DecodeRequest, turn_answers: GroupAnswers
     ) -> tuple[list[GroupAnswers], list[DecodeRequest]]:
         """A conversation's row (evaluate/engine/turns.py), and each turn it answers as a group of its own, recorded
-        as soon as the turn is answered; the first answered turn carries the context's cost."""
+        as soon as the turn is answered; the first answered turn carries the context's cost. ``turn_answers`` is
+        what each turn's group is made like (its prefill cache and diagnosis)."""
         answers, tags, cost = [], [], result.cost
         for turn, sample in enumerate(result.group):
             if conversation.recorded[turn] is not None:  # replayed from an earlier session's record
@@ -397,6 +432,6 @@ class PoolEngine:
                 diagnosis=diagnosis,
             )
             cost = Cost()
-            answers.append(GroupAnswers(group, self.tokenizer, pending=1, prefill_cache=prefill_cache))
+            answers.append(replace(turn_answers, result=group))
             tags.append((answers[-1], 0))
         return answers, [replace(request, tag=tags, conversation=conversation)]

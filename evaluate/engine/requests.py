@@ -144,6 +144,7 @@ class FinishedRow:
     turn: int | None = None
     failure: Exception | None = None
     compressed: bool | None = None
+    final_keys: tuple | None = None  # a compressing row's: each layer's key fingerprints as it left (kept_sets.py)
 
 
 def hidden_keys(attention_modules) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, ...]:

@@ -330,11 +330,13 @@ class Recorder:
     def _store_kept(self, result: AnsweredGroup) -> None:
         """Each row's kept set under kept/ (``save_kept=true``), before its row: a row recorded has its file."""
         diagnosis = result.diagnosis
-        if diagnosis is None or diagnosis.kept is None:
+        if diagnosis is None:
             return
-        mask = diagnosis.kept.mask.numpy()
-        for sample, positions in zip(result.group, diagnosis.answer_positions, strict=True):
-            write_kept(self.plan.out, sample.id, mask, None if positions is None else positions.numpy())
+        for sample, kept, positions in zip(result.group, diagnosis.kept, diagnosis.answer_positions, strict=True):
+            if kept is not None:
+                write_kept(
+                    self.plan.out, sample.id, kept.mask.numpy(), None if positions is None else positions.numpy()
+                )
 
     def _left_for_the_rerun(self, result: AnsweredGroup) -> bool:
         """Whether a failed group is left unanswered for the rerun, as a failure of the machine is; raises it under
