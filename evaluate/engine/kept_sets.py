@@ -95,9 +95,10 @@ def kept_set(
 ) -> KeptSet | None:
     """The kept set of a compressed cache whose layers' keys have the ``kept`` fingerprints
     (:func:`layer_fingerprints`), against the ``original`` fingerprints of each layer's uncompressed keys, the keys
-    ``hidden`` masks (per layer, (heads, cache positions) or None) counted as dropped. ``new_keys``: the cache may hold keys the prefill never
-    had (a decoding-time press's, from its question and answer), which are no context position; otherwise such a key
-    makes the kept set unknown (None), as it does when ``kept`` is None (module docstring)."""
+    ``hidden`` masks (per layer, (heads, cache positions) or None) counted as dropped. ``new_keys``: the cache may
+    hold keys the prefill never had (a decoding-time press's, from its question and answer), which are no context
+    position; otherwise such a key makes the kept set unknown (None), as it does when ``kept`` is None (module
+    docstring)."""
     if kept is None:
         return None
     masks = []
