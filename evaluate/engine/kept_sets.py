@@ -14,23 +14,23 @@ from dataclasses import dataclass
 
 import torch
 
-# Two fixed weight vectors per head dimension: below 2**24, so that a key's bits (at most 2**31 as integers) times a
-# weight, summed over 256 dimensions, stays inside int64 and the hash is exact integer arithmetic on any device.
+# Two fixed weight vectors over a key's bits read as 16-bit integers (one per bfloat16 or float16 number, two per
+# float32, four per float64): below 2**24, so that a 16-bit integer times a weight, summed over a head's numbers,
+# stays far inside int64 and the hash is exact integer arithmetic on any device.
 _WEIGHT_BOUND = 2**24
-_INTEGER_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 
 
-def _weights(head_dim: int, device: torch.device) -> torch.Tensor:
+def _weights(count: int, device: torch.device) -> torch.Tensor:
     generator = torch.Generator().manual_seed(46)
-    return torch.randint(1, _WEIGHT_BOUND, (head_dim, 2), generator=generator, dtype=torch.int64).to(device)
+    return torch.randint(1, _WEIGHT_BOUND, (count, 2), generator=generator, dtype=torch.int64).to(device)
 
 
 def key_fingerprints(keys: torch.Tensor) -> torch.Tensor:
-    """Each key's fingerprint ([KV heads, positions, 2] int64) from a layer's keys ([1, KV heads, positions, head
-    dim]): two integer hashes of its bits, equal for equal keys and, for distinct keys, different but with
-    probability 2**-48."""
-    keys = keys[0].contiguous()
-    return keys.view(_INTEGER_VIEW[keys.dtype]).to(torch.int64) @ _weights(keys.shape[-1], keys.device)
+    """Each key's fingerprint ([KV heads, positions, 2] int64) from a layer's floating-point keys ([1, KV heads,
+    positions, head dim]): two integer hashes of its bits, equal for equal keys and, for distinct keys, different
+    but with probability 2**-48."""
+    bits = keys[0].contiguous().view(torch.int16)
+    return bits.to(torch.int64) @ _weights(bits.shape[-1], keys.device)
 
 
 @dataclass
@@ -56,9 +56,14 @@ class KeptSet:
         return round(float(by_layer.mean()), 6), [round(float(share), 4) for share in by_layer]
 
 
+# What :func:`kept_set` marks where a cache position holds no context position: a key the prefill never had, or a
+# key a masking press hides.
+_NEW, _HIDDEN = -1, -2
+
+
 def _matched_positions(original: torch.Tensor, kept: torch.Tensor) -> torch.Tensor | None:
     """For each kept key's fingerprint ([heads, m, 2]), the position of the original key with that fingerprint
-    ([heads, m]), -1 for a key that is no original's; None when two original keys of a head share one."""
+    ([heads, m]), ``_NEW`` for a key that is no original's; None when two original keys of a head share one."""
     heads, length, _ = original.shape
     head_of = torch.arange(heads, device=original.device)
     rows = torch.cat(
@@ -71,7 +76,7 @@ def _matched_positions(original: torch.Tensor, kept: torch.Tensor) -> torch.Tens
     originals, kept_identity = identity[: heads * length], identity[heads * length :]
     if torch.unique(originals).numel() != originals.numel():
         return None
-    position_of = torch.full((rows.shape[0],), -1, dtype=torch.int64, device=original.device)
+    position_of = torch.full((rows.shape[0],), _NEW, dtype=torch.int64, device=original.device)
     position_of[originals] = torch.arange(length, device=original.device).repeat(heads)
     return position_of[kept_identity].reshape(heads, -1)
 
@@ -84,7 +89,7 @@ def layer_fingerprints(cache) -> list[torch.Tensor] | None:
         keys = getattr(layer, "keys", None)
         if getattr(layer, "_quantized_keys", None) is not None or not isinstance(keys, torch.Tensor):
             return None
-        if keys.dim() != 4 or keys.dtype not in _INTEGER_VIEW:
+        if keys.dim() != 4 or not keys.is_floating_point():
             return None
         fingerprints.append(key_fingerprints(keys))
     return fingerprints
@@ -106,14 +111,15 @@ def kept_set(
         heads, length = fingerprints.shape[:2]
         mask = torch.zeros(heads, length, dtype=torch.bool, device=fingerprints.device)
         positions = _matched_positions(fingerprints, layer) if layer.shape[1] else torch.zeros(heads, 0).long()
-        if positions is None or (not new_keys and bool((positions < 0).any())):
+        if positions is None:
             return None
         masked = hidden[index] if index < len(hidden) else None
-        if masked is not None:  # hidden from every query: dropped
+        if masked is not None:  # hidden from every query: dropped (kvpress writes fake keys there while decoding)
             head_indices, cache_positions = masked
             inside = cache_positions < positions.shape[1]
-            positions = positions.clone()
-            positions[head_indices[inside], cache_positions[inside]] = -1
+            positions[head_indices[inside], cache_positions[inside]] = _HIDDEN
+        if not new_keys and bool((positions == _NEW).any()):
+            return None
         found = positions >= 0
         mask[torch.arange(heads, device=found.device).repeat_interleave(found.sum(dim=1)), positions[found]] = True
         masks.append(mask.cpu())

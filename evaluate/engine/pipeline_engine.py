@@ -125,10 +125,11 @@ def ask_questions(run: PipelineRun, plan: Plan, group: list[Sample], budget: int
         kv_bytes_held=held,
         kv_bytes_kept=kept,
     )
-    if plan.likelihood and result.failure is None:
-        _add_likelihood(result, run, plan, cache, inputs)
+    # The diagnostics first: the likelihood's uncompressed prefill clears AdaKV's masks, which they read.
     if run.keys is not None and result.failure is None:
         _add_diagnosis(result, run, plan, cache, inputs)
+    if plan.likelihood and result.failure is None:
+        _add_likelihood(result, run, plan, cache, inputs)
     yield result
 
 

@@ -10,6 +10,8 @@ conf/report.yaml's ``effects`` or ``--experiment NAME``'s ``report:`` (by defaul
 largest cr of each method within ``--iso-delta`` points and ``--iso-relative`` of its baseline; ``capacity``, the
 rows whose KV cache fits in ``--serving-memory-gb`` less the model's weights, against uncompressed; ``compare``
 (``--compare``): measured against ``results/reference/*.csv``; ``runs.csv``, a row per run; ``report.md``, all in one.
+Instead of the report, ``--agreement RUN_A RUN_B`` gives the Jaccard overlap of two runs' kept sets by layer
+(``agreement``), and ``--kept-map RUN`` draws one row's kept set (``plots/kept_map_<run>.png``).
 """
 
 import argparse
@@ -17,7 +19,9 @@ import logging
 import sys
 from pathlib import Path
 
+from evaluate import rundir
 from evaluate.errors import ConfigError, exit_code, refuse
+from evaluate.report.agreement import agreement_table
 from evaluate.report.build import build_report, write_report
 from evaluate.report.capacity import DEFAULT_MEMORY_GB, check_memory
 from evaluate.report.differences import load_effects
@@ -50,6 +54,10 @@ def main(argv: list[str] | None = None) -> None:
     wandb = "also log the tables and plots to one wandb summary run (bare --wandb: online)"
     add("--wandb", nargs="?", const="online", choices=["offline", "online"], help=wandb)
     add("--wandb-project", default="pressbench", help="default: %(default)s")
+    kept = "instead of the report: the Jaccard overlap of two runs' stored kept sets (save_kept=true), by layer"
+    add("--agreement", nargs=2, type=Path, metavar=("RUN_A", "RUN_B"), help=kept)
+    add("--kept-map", type=Path, metavar="RUN", help="instead of the report: draw one row's kept set (save_kept=true)")
+    add("--sample", metavar="ID", help="--kept-map's row (default: the first whose answer is in its context)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     for flag, value in (("--bootstrap", args.bootstrap), ("--seed", args.seed)):
@@ -62,10 +70,33 @@ def main(argv: list[str] | None = None) -> None:
         refuse(error)
     unwritten = ["no table or plot was written"]
     try:
+        if args.agreement or args.kept_map:
+            kept_sets(args)
+            return
         report(args, unwritten)
     except KeyboardInterrupt as interrupt:  # Ctrl-C: one line saying what is missing, not a traceback
         print(f"interrupted: {unwritten[0]}; rerun the same command to write the report", file=sys.stderr)
         sys.exit(exit_code(interrupt))
+
+
+def kept_sets(args: argparse.Namespace) -> None:
+    """``--agreement``: the agreement table printed and written under ``--out``; ``--kept-map``: the map drawn
+    under the plots folder."""
+    try:
+        if args.agreement:
+            table = agreement_table(*args.agreement)
+            path = args.out / f"{table.name}.md"
+            rundir.write_atomic(path, table.page() + "\n")
+            rundir.write_atomic(args.out / f"{table.name}.csv", table.csv)
+            print(table.page())
+            print(f"tables: {path}, {path.with_suffix('.csv')}")
+        if args.kept_map:
+            from evaluate.report.plots import plot_kept_map  # matplotlib only when drawing
+
+            folder = args.plots or args.out / "plots"
+            print(f"plots: {plot_kept_map(args.kept_map, args.sample, folder / f'kept_map_{args.kept_map.name}.png')}")
+    except ReportError as error:
+        raise SystemExit(f"error: {error}") from None
 
 
 def report(args: argparse.Namespace, unwritten: list[str]) -> None:

@@ -13,7 +13,14 @@ from evaluate.score.likelihood import FIELDS as LIKELIHOOD_FIELDS
 _RUN_ATTRIBUTES = "benchmark model model_id method variant query_aware score interval_note partial_reasons".split()
 _RUN_ATTRIBUTES += "turns history score_by_turn samples_by_turn generate variant_settings cache".split()
 _INTERVAL = {"ci_low": "low", "ci_high": "high", "contexts": "contexts"}  # frame column: Interval attribute
-_TASK_COLUMNS = ["task", "task_score", "task_n", *(f"task_{name}" for name in LIKELIHOOD_FIELDS), "task_likelihood_n"]
+_TASK_COLUMNS = [
+    "task",
+    "task_score",
+    "task_n",
+    *(f"task_{name}" for name in LIKELIHOOD_FIELDS),
+    "task_likelihood_n",
+    *(f"task_{name}" for name in DIAGNOSTIC_FIELDS),
+]
 QUERY_AWARE = {True: " (query-aware)", False: ""}  # what labels add for query-aware runs
 
 
@@ -74,7 +81,8 @@ def runs_frame(runs: Sequence[RunResult]) -> pd.DataFrame:
     ``score_by_turn`` and ``samples_by_turn`` (metrics.json's, empty without turns); ``generate``; ``kept_ratio``,
     the mean of the rows' measured kept share, and a decoding-time run's fields (:func:`decoding_fields`);
     ``variant_settings``, what :func:`labelled` tells runs apart by; then task, task_score, task_n and the task's
-    likelihood means (``task_answer_kl``, ..., ``task_likelihood_n``)."""
+    likelihood means (``task_answer_kl``, ..., ``task_likelihood_n``) and diagnostics' means (``task_answer_retention``,
+    ``task_attention_recall``)."""
     records = []
     baselines = find_baselines(runs)
     for position, run in enumerate(runs):
@@ -133,7 +141,11 @@ def _task_records(run: RunResult, common: dict) -> list[dict]:
         means = likelihood.get(task, {})
         task_likelihood = {f"task_{name}": means.get(name) for name in LIKELIHOOD_FIELDS}
         task_figures = {"task_score": values.get("score"), "task_n": values.get("n", 0), **task_likelihood}
-        records.append({**common, "task": task, **task_figures, "task_likelihood_n": means.get("n")})
+        diagnostics = {
+            f"task_{name}": ((run.diagnostics.get(name) or {}).get("tasks", {}).get(task) or {}).get("mean")
+            for name in DIAGNOSTIC_FIELDS
+        }
+        records.append({**common, "task": task, **task_figures, "task_likelihood_n": means.get("n"), **diagnostics})
     return records
 
 
@@ -151,7 +163,7 @@ def _column_types() -> dict:
     numbers |= {column: float for column in [*likelihood_columns, *(f"task_{name}" for name in LIKELIHOOD_FIELDS)]}
     numbers |= {"likelihood_n": "Int64", "task_likelihood_n": "Int64", "answer_length_n": "Int64"}
     numbers |= dict.fromkeys(DRIFT_FIELDS, float)
-    numbers |= dict.fromkeys(DIAGNOSTIC_FIELDS, float)
+    numbers |= dict.fromkeys([*DIAGNOSTIC_FIELDS, *(f"task_{name}" for name in DIAGNOSTIC_FIELDS)], float)
     return numbers
 
 

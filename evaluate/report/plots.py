@@ -11,7 +11,8 @@ ratio; ``{benchmark}_iso.png``: each method's compression at iso-quality against
 ``{benchmark}_turns.png``: the score on each turn of the conversations against the turn, for runs whose samples are
 turns of conversations (a line per run: multi-turn runs against independent ones). For
 needle-in-a-haystack runs also ``{benchmark}_heatmap.png``: the needle score by depth and context length, a panel
-per method and compression ratio."""
+per method and compression ratio, each beside its answer retention where the runs have it. On request
+(``--kept-map RUN``), ``kept_map_<run>.png``: which context positions one row's compressed cache kept, by layer."""
 
 import math
 import re
@@ -26,8 +27,9 @@ import pandas as pd
 
 from evaluate import rundir
 from evaluate.benchmarks.needle_in_haystack import TASK_SCORE_LABEL, NeedleInHaystack, task_depth
+from evaluate.kept_store import read_run_kept
 from evaluate.report.frame import QUERY_AWARE, bracketed, cache_mark, labelled, run_level, split_by_axis
-from evaluate.report.runs import NO_PRESS
+from evaluate.report.runs import NO_PRESS, ReportError
 from evaluate.report.turns import turn_benchmarks, turn_points
 
 matplotlib.use("Agg")  # files only; never a display
@@ -494,8 +496,9 @@ def needle_benchmarks(frame: pd.DataFrame) -> list[str]:
     return sorted(frame.benchmark[needle].unique())
 
 
-def needle_grids(frame: pd.DataFrame, benchmark: str) -> dict[str, pd.DataFrame]:
-    """The needle score of ``benchmark``'s runs as one depth x context-length matrix per panel, by panel title.
+def needle_grids(frame: pd.DataFrame, benchmark: str, values: str = "task_score") -> dict[str, pd.DataFrame]:
+    """The needle score (or another task column, ``values``, ``task_answer_retention``) of ``benchmark``'s runs as
+    one depth x context-length matrix per panel, by panel title.
 
     A panel is a method (with what else tells its runs apart, and query-awareness) at one compression ratio, and one
     model where there are several. Rows are the depths (a run's tasks), columns the context lengths (its recorded
@@ -517,7 +520,7 @@ def needle_grids(frame: pd.DataFrame, benchmark: str) -> dict[str, pd.DataFrame]
         ["model", "query_aware", "reference", "method", "cr", "title"], ascending=[True, True, False, True, True, True]
     )
     return {
-        title: panel.pivot_table(index="depth", columns="length", values="task_score", aggfunc="mean")
+        title: panel.pivot_table(index="depth", columns="length", values=values, aggfunc="mean", dropna=False)
         .reindex(index=depths, columns=columns)
         .rename_axis(index="depth", columns="context_length")
         for title, panel in ordered.groupby("title", sort=False)
@@ -525,12 +528,24 @@ def needle_grids(frame: pd.DataFrame, benchmark: str) -> dict[str, pd.DataFrame]
 
 
 def plot_needle_heatmap(benchmark: str, frame: pd.DataFrame, path: Path) -> Path:
-    """One depth x context-length heatmap of the needle score per panel of :func:`needle_grids`."""
+    """One depth x context-length heatmap of the needle score per panel of :func:`needle_grids`, each beside the
+    same of its answer retention (in %) where the runs have it."""
     grids = needle_grids(frame, benchmark)
+    retention = needle_grids(frame, benchmark, "task_answer_retention")
+    shown = frame[frame.benchmark == benchmark].task_answer_retention.notna().any()
+    if shown:
+        grids = {
+            f"{title}{suffix}": grid
+            for title, score in grids.items()
+            for suffix, grid in (("", score), (" · answer retention", 100 * retention[title]))
+        }
     first = next(iter(grids.values()))
     panel_width, panel_height = 1.6 + 0.8 * len(first.columns), 1.2 + 0.4 * len(first.index)
+    most = 2 if shown else 3  # a panel's score and retention side by side
     # Room beside the panels for the color bar; the constrained layout makes room for every panel's tick labels.
-    fig, axes = _grid(len(grids), max(panel_width, 5.3 / min(3, len(grids))), panel_height, dpi=110, room=1.2, most=3)
+    fig, axes = _grid(
+        len(grids), max(panel_width, 5.3 / min(most, len(grids))), panel_height, dpi=110, room=1.2, most=most
+    )
     fig.set_figheight(fig.get_figheight() + 0.8)  # the title
     colors = plt.get_cmap("RdYlGn").with_extremes(bad="0.85")  # grey: a pair no run measured
     for ax, (title, grid) in zip(axes, grids.items(), strict=True):
@@ -544,8 +559,10 @@ def plot_needle_heatmap(benchmark: str, frame: pd.DataFrame, path: Path) -> Path
         ax.set_xlabel("context length (tokens)", fontsize=9)
         ax.set_ylabel("needle depth", fontsize=9)
         ax.set_title(wrapped(title, 44), fontsize=10)
-    fig.colorbar(image, ax=axes, shrink=0.9, label=TASK_SCORE_LABEL)
-    fig.suptitle(f"{benchmark}: {TASK_SCORE_LABEL}\nby needle depth and context length (grey: no run)", fontsize=11)
+    label = f"{TASK_SCORE_LABEL}; answer retention (%)" if shown else TASK_SCORE_LABEL
+    fig.colorbar(image, ax=axes, shrink=0.9, label=label)
+    what = f"{TASK_SCORE_LABEL} and answer retention" if shown else TASK_SCORE_LABEL
+    fig.suptitle(f"{benchmark}: {what}\nby needle depth and context length (grey: no run)", fontsize=11)
     return _save(fig, path, dpi=110)
 
 
@@ -699,3 +716,66 @@ def plot_all(
     return written + [
         plot_needle_heatmap(name, frame, out / f"{name}_heatmap.png") for name in needle_benchmarks(frame)
     ]
+
+
+def _mark_answer(ax, positions: np.ndarray) -> None:
+    """The answer's tokens outlined in red over the whole height, and named above the axes."""
+    for start, end in _runs(positions):
+        ax.axvspan(start - 0.5, end + 0.5, facecolor="none", edgecolor="red", lw=1.4)
+    middle = float(positions.mean())
+    ax.annotate("answer", (middle, 1.0), xycoords=("data", "axes fraction"), xytext=(0, 3),
+                textcoords="offset points", ha="center", va="bottom", color="red", fontsize=8)  # fmt: skip
+
+
+def _runs(positions: np.ndarray) -> list[tuple[int, int]]:
+    """Consecutive positions as (first, last) runs."""
+    breaks = np.flatnonzero(np.diff(positions) != 1)
+    starts, ends = np.r_[positions[:1], positions[breaks + 1]], np.r_[positions[breaks], positions[-1:]]
+    return list(zip(starts.tolist(), ends.tolist(), strict=True))
+
+
+# The kept map's close-up: this many positions either side of the answer.
+_CLOSE_UP = 48
+
+
+def plot_kept_map(run: Path, sample: str | None, path: Path) -> Path:
+    """The kept map of one row of ``run`` (its kept set stored by ``save_kept=true``): layers by context position,
+    the share of KV heads keeping each position, the answer's span outlined, and beneath, where the answer is in the
+    context, a close-up of the positions around it; ``sample`` None: the first stored row whose answer is in its
+    context. The title names the press, its ratio and the run's score."""
+    stored = read_run_kept(run)
+    if not stored:
+        raise ReportError(f"{run} stored no kept sets: rerun it with save_kept=true (and overwrite=true if finished)")
+    if sample is None:
+        sample = next((name for name, kept in stored.items() if kept.answer_positions.size), next(iter(stored)))
+    if sample not in stored:
+        raise ReportError(f"{run} stored no kept set of sample {sample}; it stored e.g. {next(iter(stored))}")
+    kept = stored[sample]
+    shares = kept.mask.mean(axis=1)  # [layers, positions]
+    answer = np.sort(kept.answer_positions)
+    record, metrics = rundir.read_yaml(run / rundir.CONFIG) or {}, rundir.read_json(run / rundir.METRICS) or {}
+    height = 1.2 + 0.12 * shares.shape[0]
+    panels = 2 if answer.size else 1
+    fig, axes = plt.subplots(panels, 1, figsize=(11, height * panels + 0.4), layout="constrained", squeeze=False)
+    low = max(0, int(answer[0]) - _CLOSE_UP) if answer.size else 0
+    high = min(shares.shape[1], int(answer[-1]) + _CLOSE_UP + 1) if answer.size else shares.shape[1]
+    views = [(axes[0, 0], 0, shares.shape[1], "context position (token)")]
+    views += [(axes[1, 0], low, high, "context position (token), around the answer")] if answer.size else []
+    for ax, first, last, label in views:
+        image = ax.imshow(
+            shares[:, first:last], cmap="viridis", vmin=0, vmax=1, aspect="auto", interpolation="nearest",
+            extent=(first - 0.5, last - 0.5, shares.shape[0] - 0.5, -0.5),
+        )  # fmt: skip
+        if answer.size:
+            _mark_answer(ax, answer)
+        ax.set_xlabel(label, fontsize=9)
+        ax.set_ylabel("layer", fontsize=9)
+    fig.colorbar(image, ax=axes[:, 0], label="share of KV heads keeping it", shrink=0.9)
+    ratio, score = record.get("compression_ratio"), metrics.get("score")
+    ratio_text = "" if ratio is None else f" · cr={ratio:g}"
+    score_text = "" if score is None else f" · run score {score:.2f}"
+    kept_text = f" · kept {100 * kept.mask.mean():.1f} % of the context"
+    retained = f", {100 * kept.mask[:, :, answer].mean():.1f} % of the answer's tokens" if answer.size else ""
+    title = f"{record.get('method', '?')}{ratio_text}{score_text} · sample {sample}{kept_text}{retained}"
+    fig.suptitle(wrapped(title, 120), fontsize=10)
+    return _save(fig, path, dpi=_DPI)
