@@ -17,6 +17,7 @@ from evaluate.benchmarks.ruler import Ruler
 from evaluate.points.config import ConfigError
 from evaluate.points.resolve import resolve
 from evaluate.run.tracking import Tracker
+from evaluate.score.diagnostics import FIELDS as DIAGNOSTIC_FIELDS
 from evaluate.score.likelihood import FIELDS as LIKELIHOOD_FIELDS
 from evaluate.score.rescore import score_rows
 from hydra_plugins.pressbench_sweep_launcher.sweep_launcher import group_by_sweep
@@ -151,6 +152,10 @@ def test_offline_run_logs_config_progress_metrics_and_a_predictions_table(tmp_pa
     ]
     for row, kl in zip(rows, (0.25, 0.75, 2.0), strict=True):  # answer KL: vt 0.5, cwe 2.0, headline 1.25
         row |= {"answer_nll": 1.0 + kl, "answer_nll_uncompressed": 1.0, "answer_kl": kl, "answer_top1": 0.5}
+    # Answer retention: vt 0.5, cwe not in its context (null), headline 0.5; by layer [0.25, 0.75].
+    for row, retention in zip(rows, (0.25, 0.75, None), strict=True):
+        by_layer = None if retention is None else [retention - 0.25, retention + 0.25]
+        row |= {"answer_retention": retention, "answer_retention_by_layer": by_layer}
     metrics = score_rows(Ruler(), rows)  # vt: (1 + 0.5) / 2 = 75; cwe: 0; headline 37.5
     tracker.log_progress(2, 3, wall_seconds=1.5, prefill_seconds=1.0, decode_seconds=0.5, kept_ratio=0.1)
     tracker.log_progress(3, 3, wall_seconds=2.5, prefill_seconds=1.8, decode_seconds=0.7, kept_ratio=0.3)
@@ -187,15 +192,19 @@ def test_offline_run_logs_config_progress_metrics_and_a_predictions_table(tmp_pa
         3,
     )
     assert (summary["likelihood/tasks/vt/answer_kl"], summary["likelihood/tasks/cwe/answer_nll"]) == (0.5, 3.0)
+    assert (summary["diagnostics/answer_retention"], summary["diagnostics/answer_retention/n"]) == (0.5, 2)
+    assert summary["diagnostics/answer_retention/layers/1"] == 0.75
+    assert summary["diagnostics/answer_retention/tasks/vt"] == 0.5
 
     (table_file,) = (run_dir / "files" / "media" / "table").glob("predictions_*.table.json")
     table = json.loads(table_file.read_text())
-    assert table["columns"] == ["id", "task", "question", "answers", "prediction", "correct", *LIKELIHOOD_FIELDS]
+    columns = ["id", "task", "question", "answers", "prediction", "correct", *LIKELIHOOD_FIELDS, *DIAGNOSTIC_FIELDS]
+    assert table["columns"] == columns
     assert sorted(table["data"]) == sorted(
         [
-            ["vt-0", "vt", "Q0?", "a | b", "a b", 1.0, 1.25, 1.0, 0.25, 0.5],
-            ["vt-1", "vt", "Q1?", "a | b", "a", 0.5, 1.75, 1.0, 0.75, 0.5],
-            ["cwe-0", "cwe", "Q2?", "c", "-", 0.0, 3.0, 1.0, 2.0, 0.5],
+            ["vt-0", "vt", "Q0?", "a | b", "a b", 1.0, 1.25, 1.0, 0.25, 0.5, 0.25, None],
+            ["vt-1", "vt", "Q1?", "a | b", "a", 0.5, 1.75, 1.0, 0.75, 0.5, 0.75, None],
+            ["cwe-0", "cwe", "Q2?", "c", "-", 0.0, 3.0, 1.0, 2.0, 0.5, None, None],
         ]
     )
 

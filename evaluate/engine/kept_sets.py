@@ -15,14 +15,17 @@ from dataclasses import dataclass
 import torch
 
 # Two fixed weight vectors over a key's bits read as 16-bit integers (one per bfloat16 or float16 number, two per
-# float32, four per float64): below 2**24, so that a 16-bit integer times a weight, summed over a head's numbers,
-# stays far inside int64 and the hash is exact integer arithmetic on any device.
+# float32, four per float64): below 2**24, so that each product is below 2**39 and a sum over up to 1024 of them
+# below 2**49, which float64 holds exactly: the hash is exact integer arithmetic done by a float64 matrix product.
 _WEIGHT_BOUND = 2**24
+# A head's hashes are shifted apart by this, so that one sorted list serves every head (heads < 2**11).
+_HEAD_SHIFT = 2**51
 
 
 def _weights(count: int, device: torch.device) -> torch.Tensor:
     generator = torch.Generator().manual_seed(46)
-    return torch.randint(1, _WEIGHT_BOUND, (count, 2), generator=generator, dtype=torch.int64).to(device)
+    weights = torch.randint(1, _WEIGHT_BOUND, (count, 2), generator=generator, dtype=torch.int64)
+    return weights.to(device=device, dtype=torch.float64)
 
 
 def key_fingerprints(keys: torch.Tensor) -> torch.Tensor:
@@ -30,7 +33,7 @@ def key_fingerprints(keys: torch.Tensor) -> torch.Tensor:
     positions, head dim]): two integer hashes of its bits, equal for equal keys and, for distinct keys, different
     but with probability 2**-48."""
     bits = keys[0].contiguous().view(torch.int16)
-    return bits.to(torch.int64) @ _weights(bits.shape[-1], keys.device)
+    return (bits.to(torch.float64) @ _weights(bits.shape[-1], keys.device)).to(torch.int64)
 
 
 @dataclass
@@ -63,22 +66,21 @@ _NEW, _HIDDEN = -1, -2
 
 def _matched_positions(original: torch.Tensor, kept: torch.Tensor) -> torch.Tensor | None:
     """For each kept key's fingerprint ([heads, m, 2]), the position of the original key with that fingerprint
-    ([heads, m]), ``_NEW`` for a key that is no original's; None when two original keys of a head share one."""
+    ([heads, m]), ``_NEW`` for a key that is no original's; None when two original keys of a head share their first
+    hash (never seen: the odds are about positions² / 2**49)."""
     heads, length, _ = original.shape
-    head_of = torch.arange(heads, device=original.device)
-    rows = torch.cat(
-        [
-            torch.cat([head_of[:, None, None].expand(heads, length, 1), original], dim=-1).reshape(-1, 3),
-            torch.cat([head_of[:, None, None].expand(heads, kept.shape[1], 1), kept], dim=-1).reshape(-1, 3),
-        ]
-    )
-    _, identity = torch.unique(rows, dim=0, return_inverse=True)
-    originals, kept_identity = identity[: heads * length], identity[heads * length :]
-    if torch.unique(originals).numel() != originals.numel():
+    shift = torch.arange(heads, device=original.device)[:, None] * _HEAD_SHIFT
+    first = (original[..., 0] + shift).flatten()
+    order = torch.argsort(first)
+    ordered = first[order]
+    if bool((ordered[1:] == ordered[:-1]).any()):
         return None
-    position_of = torch.full((rows.shape[0],), _NEW, dtype=torch.int64, device=original.device)
-    position_of[originals] = torch.arange(length, device=original.device).repeat(heads)
-    return position_of[kept_identity].reshape(heads, -1)
+    wanted = (kept[..., 0] + shift).flatten()
+    slot = torch.searchsorted(ordered, wanted).clamp(max=len(ordered) - 1)
+    index = order[slot]  # the original (head, position) whose first hash is the kept key's, if any
+    same = (first[index] == wanted) & (original.reshape(-1, 2)[index, 1] == kept.reshape(-1, 2)[:, 1])
+    positions = torch.where(same, index % length, torch.full_like(index, _NEW))
+    return positions.reshape(heads, -1)
 
 
 def layer_fingerprints(cache) -> list[torch.Tensor] | None:

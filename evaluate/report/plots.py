@@ -29,8 +29,9 @@ from evaluate import rundir
 from evaluate.benchmarks.needle_in_haystack import TASK_SCORE_LABEL, NeedleInHaystack, task_depth
 from evaluate.kept_store import read_run_kept
 from evaluate.report.frame import QUERY_AWARE, bracketed, cache_mark, labelled, run_level, split_by_axis
-from evaluate.report.runs import NO_PRESS, ReportError
+from evaluate.report.runs import NO_PRESS, ReportError, read_run
 from evaluate.report.turns import turn_benchmarks, turn_points
+from evaluate.score.bootstrap import sample_scores
 
 matplotlib.use("Agg")  # files only; never a display
 
@@ -742,7 +743,7 @@ def plot_kept_map(run: Path, sample: str | None, path: Path) -> Path:
     """The kept map of one row of ``run`` (its kept set stored by ``save_kept=true``): layers by context position,
     the share of KV heads keeping each position, the answer's span outlined, and beneath, where the answer is in the
     context, a close-up of the positions around it; ``sample`` None: the first stored row whose answer is in its
-    context. The title names the press, its ratio and the run's score."""
+    context. The title names the press, its ratio, the run's score and the sample's."""
     stored = read_run_kept(run)
     if not stored:
         raise ReportError(f"{run} stored no kept sets: rerun it with save_kept=true (and overwrite=true if finished)")
@@ -753,7 +754,11 @@ def plot_kept_map(run: Path, sample: str | None, path: Path) -> Path:
     kept = stored[sample]
     shares = kept.mask.mean(axis=1)  # [layers, positions]
     answer = np.sort(kept.answer_positions)
-    record, metrics = rundir.read_yaml(run / rundir.CONFIG) or {}, rundir.read_json(run / rundir.METRICS) or {}
+    finished = read_run(run)
+    row = next((row for row in finished.rows if row["id"] == sample), None)
+    row_score = (
+        sample_scores(finished.benchmark_object, [row])[0] if row and row.get("prediction") is not None else None
+    )
     height = 1.2 + 0.12 * shares.shape[0]
     panels = 2 if answer.size else 1
     fig, axes = plt.subplots(panels, 1, figsize=(11, height * panels + 0.4), layout="constrained", squeeze=False)
@@ -771,11 +776,12 @@ def plot_kept_map(run: Path, sample: str | None, path: Path) -> Path:
         ax.set_xlabel(label, fontsize=9)
         ax.set_ylabel("layer", fontsize=9)
     fig.colorbar(image, ax=axes[:, 0], label="share of KV heads keeping it", shrink=0.9)
-    ratio, score = record.get("compression_ratio"), metrics.get("score")
+    ratio, score = finished.record.get("compression_ratio"), finished.score
     ratio_text = "" if ratio is None else f" · cr={ratio:g}"
     score_text = "" if score is None else f" · run score {score:.2f}"
+    score_text += "" if row_score is None else f" · this sample {row_score:.0f}"
     kept_text = f" · kept {100 * kept.mask.mean():.1f} % of the context"
     retained = f", {100 * kept.mask[:, :, answer].mean():.1f} % of the answer's tokens" if answer.size else ""
-    title = f"{record.get('method', '?')}{ratio_text}{score_text} · sample {sample}{kept_text}{retained}"
+    title = f"{finished.method}{ratio_text}{score_text} · sample {sample}{kept_text}{retained}"
     fig.suptitle(wrapped(title, 120), fontsize=10)
     return _save(fig, path, dpi=_DPI)

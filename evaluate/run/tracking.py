@@ -21,6 +21,7 @@ from evaluate.errors import ConfigError
 from evaluate.points.point import PointSpec
 from evaluate.report.tracking import MODE_VARIABLE, MODES, import_wandb, mode_from_env
 from evaluate.score.bootstrap import sample_scores
+from evaluate.score.diagnostics import FIELDS as DIAGNOSTIC_FIELDS
 from evaluate.score.likelihood import FIELDS as LIKELIHOOD_FIELDS
 from evaluate.score.turns import SAMPLES_BY_TURN, SCORE_BY_TURN
 
@@ -39,6 +40,19 @@ def answer_length_summary(answer_length: dict) -> dict[str, float]:
             if isinstance(value, int | float)
         },
     }
+
+
+def diagnostics_summary(diagnostics: dict) -> dict[str, float | int]:
+    """metrics.json's ``diagnostics`` as wandb summary keys: each field's headline and count, its mean per layer and
+    per task (``diagnostics/answer_retention``, ``diagnostics/answer_retention/layers/0``, ...)."""
+    summary = {}
+    for name, values in diagnostics.items():
+        summary |= {f"diagnostics/{name}": values["mean"], f"diagnostics/{name}/n": values["n"]}
+        summary |= {f"diagnostics/{name}/layers/{layer}": mean for layer, mean in enumerate(values["by_layer"])}
+        summary |= {
+            f"diagnostics/{name}/tasks/{task}": task_values["mean"] for task, task_values in values["tasks"].items()
+        }
+    return summary
 
 
 def turn_summary(metrics: dict) -> dict[str, float | int | None]:
@@ -137,6 +151,7 @@ class Tracker:
         summary |= {f"likelihood/{key}": value for key, value in likelihood.items() if isinstance(value, int | float)}
         for task, values in likelihood.get("tasks", {}).items():
             summary |= {f"likelihood/tasks/{task}/{key}": value for key, value in values.items()}
+        summary |= diagnostics_summary(metrics.get("diagnostics") or {})
         summary |= answer_length_summary(metrics.get("answer_length") or {})
         summary |= turn_summary(metrics)
         self._run.summary.update(summary)
@@ -160,8 +175,8 @@ class Tracker:
             answers = " | ".join(map(str, a)) if isinstance(a := row.get("answers"), list) else str(a)
             correct = None if score is None else score / 100
             cells = [row.get("id"), row["task"], row.get("question"), answers, row["prediction"], correct]
-            data.append(cells + [row.get(name) for name in LIKELIHOOD_FIELDS])
-        columns = ["id", "task", "question", "answers", "prediction", "correct", *LIKELIHOOD_FIELDS]
+            data.append(cells + [row.get(name) for name in (*LIKELIHOOD_FIELDS, *DIAGNOSTIC_FIELDS)])
+        columns = ["id", "task", "question", "answers", "prediction", "correct", *LIKELIHOOD_FIELDS, *DIAGNOSTIC_FIELDS]
         return self._wandb.Table(columns=columns, data=data)
 
     def finish(self, exit_code: int = 0) -> None:
