@@ -30,11 +30,13 @@ from evaluate.benchmarks.needle_in_haystack import (
 )
 from evaluate.models.loading import Models
 from evaluate.points.config import ConfigError, run_dir
+from evaluate.report import plots
 from evaluate.report.build import build_report
 from evaluate.report.cli import main as report_main
 from evaluate.report.plots import needle_benchmarks, needle_grids, plot_needle_heatmap
 from evaluate.report.runs import collect_runs
 from evaluate.run import entry as sweep
+from evaluate.score.diagnostics import diagnostics_metrics
 from evaluate.score.rescore import main as score_main
 from evaluate.score.rescore import rescore_run
 from tests.fixtures.runs.builder import write_run
@@ -359,8 +361,11 @@ NEEDLE = "alpha beta gamma delta"
 SAYING = {0: "", 25: "alpha", 50: "alpha beta", 75: "alpha beta gamma", 100: NEEDLE}
 
 
-def write_needle_run(root: Path, length: int, scores: dict[int, int], method: str = "snapkv", **run) -> Path:
-    """A finished needle run at ``length`` tokens (cr 0.5 unless given): each depth's prediction scores as given."""
+def write_needle_run(
+    root: Path, length: int, scores: dict[int, int], method: str = "snapkv", retention: dict | None = None, **run
+) -> Path:
+    """A finished needle run at ``length`` tokens (cr 0.5 unless given): each depth's prediction scores as given;
+    with ``retention``, each depth's answer retention in its row and metrics.json."""
     depths = list(scores)
     benchmark = {
         "_target_": "evaluate.benchmarks.needle_in_haystack.NeedleInHaystack",
@@ -380,10 +385,12 @@ def write_needle_run(root: Path, length: int, scores: dict[int, int], method: st
     rows = [
         {"id": task_name(depth), "task": task_name(depth), "context_id": f"ctx-{depth}", "answers": [NEEDLE]}
         | {"prediction": SAYING[score], "needle": NEEDLE, "needle_depth": depth}
+        | ({"answer_retention": retention[depth], "answer_retention_by_layer": [retention[depth]]} if retention else {})
         for depth, score in scores.items()
     ]
     (out / rundir.PREDICTIONS).write_text("".join(json.dumps(row) + "\n" for row in rows))
-    (out / rundir.METRICS).write_text(json.dumps(score_predictions(rows)))
+    metrics = score_predictions(rows) | ({"diagnostics": diagnostics_metrics(rows)} if retention else {})
+    (out / rundir.METRICS).write_text(json.dumps(metrics))
     return out
 
 
@@ -449,6 +456,33 @@ def test_heatmap_png_is_written_by_the_plot_and_by_the_report(needle_runs, tmp_p
         "needle_in_haystack_tasks.png",
     ]
     assert (plots / "needle_in_haystack_heatmap.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_heatmap_pairs_each_score_panel_with_its_answer_retention(tmp_path, monkeypatch):
+    root = tmp_path / "runs"
+    write_needle_run(root, 1024, {0: 100, 100: 25}, retention={0: 1.0, 100: 0.25})
+    write_needle_run(root, 2048, {0: 50}, retention={0: 0.5})
+    write_needle_run(root, 1024, {0: 100}, cr=0.75, retention={0: 0.75})
+    runs, skipped = collect_runs(root)
+    frame = build_report(runs, skipped, resamples=0).frame
+    grid = needle_grids(frame, "needle_in_haystack", "task_answer_retention")["snapkv · cr=0.5"]
+    np.testing.assert_array_equal(grid.to_numpy(), [[1.0, 0.5], [0.25, np.nan]])
+    saved = plots._save
+    titles = []
+
+    def save(fig, path, dpi):
+        titles.extend(ax.get_title() for ax in fig.axes if ax.get_visible() and ax.get_title())
+        return saved(fig, path, dpi)
+
+    monkeypatch.setattr(plots, "_save", save)
+    path = plot_needle_heatmap("needle_in_haystack", frame, tmp_path / "heatmap.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert titles == [
+        "snapkv · cr=0.5",
+        "snapkv · cr=0.5 · answer retention",
+        "snapkv · cr=0.75",
+        "snapkv · cr=0.75 · answer retention",
+    ]
 
 
 def test_other_benchmarks_get_no_heatmap(tmp_path):
