@@ -373,15 +373,32 @@ class PoolEngine:
         if not plan.spec.generate:
             yield result
             return
-        max_new_tokens = key[2]
+        yield from self._submit(loop, context, member, result, (cache, hidden, ids), key[2])
+
+    def _submit(
+        self,
+        loop: PoolLoop,
+        context: PrefilledContext,
+        member: tuple[int, Plan, list[Sample]],
+        result: AnsweredGroup,
+        compressed: tuple,
+        max_new_tokens: int,
+    ) -> Iterator[AnsweredGroup]:
+        """A point's questions on its ``compressed`` cache (with its hidden keys and question ids) submitted to the
+        pool: a group's rows, or a conversation's one row (yields its turns given back at once where it cannot be
+        asked)."""
+        point, plan, group = member
+        cache, hidden, ids = compressed
         decoding = plan.profile.decoding
         compression = compression_policy(decoding)
-        # A row compressed while decoding measures what its answer left against this cache (GroupAnswers.arrive).
+        # A row compressed while decoding measures what its answer left against this cache (GroupAnswers.arrive),
+        # and its diagnostics again (GroupAnswers.diagnose_row).
         prefill_cache = cache if decoding is not None else None
-        # And measures its diagnostics again on what its answer left (GroupAnswers.diagnose_row).
-        row_diagnosis = context.diagnosis if decoding is not None and diagnosed is not None else None
-        recall = plan.spec.diagnostics == "attention"
-        if multi:
+        row_diagnosis = context.diagnosis if decoding is not None and result.diagnosis is not None else None
+        answers = GroupAnswers(
+            result, self.tokenizer, len(ids), prefill_cache, row_diagnosis, plan.spec.diagnostics == "attention"
+        )
+        if plan.spec.turns == "multi":
             try:
                 conversation = conversation_of(plan, group, ids[0], self.tokenizer, loop.pool.stop_ids)
             except ValueError as failure:
@@ -389,16 +406,8 @@ class PoolEngine:
                 return
             first_turn = conversation.max_new_tokens[0]
             request = DecodeRequest(cache, ids[0], context.length, first_turn, hidden, compression=compression)
-            loop.submit(
-                *self._turns(
-                    result,
-                    conversation,
-                    request,
-                    GroupAnswers(None, self.tokenizer, 1, prefill_cache, row_diagnosis, recall),
-                )
-            )
+            loop.submit(*self._turns(result, conversation, request, replace(answers, pending=1)))
             return
-        answers = GroupAnswers(result, self.tokenizer, len(ids), prefill_cache, row_diagnosis, recall)
         requests = [
             DecodeRequest(
                 cache, question, context.length, max_new_tokens, hidden, tag=(answers, index), compression=compression
