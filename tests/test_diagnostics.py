@@ -206,16 +206,24 @@ def test_a_decoding_time_press_is_measured_on_what_its_answer_left_on_both_paths
         assert row["answer_retention"] == rows[1][sample]["answer_retention"]
 
 
-def test_turns_multi_and_generate_false_and_a_token_budget_carry_the_fields(tmp_path):
-    multi = compose_config(
-        tmp_path / "multi", "benchmark=ruler_synth", "benchmark.turns=2", "benchmark.tasks=[niah_single_1]",
-        "turns=multi", "limit=1", "max_new_tokens=6", "press=topk", "cr=0.5", "diagnostics=attention",
-    )  # fmt: skip
-    run(multi)
-    turns = sorted(rows_of(multi).values(), key=lambda row: row["turn"])
-    assert [row["answer_retention"] is not None for row in turns] == [True, True]
+@pytest.mark.parametrize("press", [("press=topk", "cr=0.5"), ("method=decoding_knorm", "target_size=64", "history=model")])
+def test_turns_multi_carries_the_fields_on_both_paths(tmp_path, press):
+    fields = {}
+    for batch in (32, 1):
+        multi = compose_config(
+            tmp_path / str(batch), "benchmark=ruler_synth", "benchmark.turns=2", "benchmark.tasks=[niah_single_1]",
+            "turns=multi", "limit=1", "max_new_tokens=6", *press, "diagnostics=attention", f"decode_batch_size={batch}",
+        )  # fmt: skip
+        run(multi)
+        turns = sorted(rows_of(multi).values(), key=lambda row: row["turn"])
+        fields[batch] = [{field: row[field] for field in FIELDS} for row in turns]
+    assert fields[32] == fields[1]
+    assert [turn["answer_retention"] is not None for turn in fields[32]] == [True, True]
     # A later turn's question follows the earlier turns' history: its recall is not the first turn's pass.
-    assert turns[0]["attention_recall"] is not None and turns[1]["attention_recall"] is None
+    assert [turn["attention_recall"] is not None for turn in fields[32]] == [True, False]
+
+
+def test_generate_false_and_a_token_budget_carry_the_fields(tmp_path):
     generating = [override for override in NIAH if not override.startswith("max_new_tokens")]
     scored = compose_config(tmp_path / "nogen", *generating, "press=topk", "generate=false", "budget=64")
     run(scored)

@@ -5,6 +5,7 @@ stays of its answer)."""
 import time
 from collections.abc import Iterator
 from contextlib import nullcontext
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
@@ -15,6 +16,8 @@ from evaluate.engine.context_budget import chat_template_enabled, pipeline_budge
 from evaluate.engine.conversation_inputs import conversation_of
 from evaluate.engine.cost import Cost, kv_bytes, measure_kept_ratio
 from evaluate.engine.decoding_compression import kept_after_answer
+from evaluate.engine.diagnosis import ContextDiagnosis
+from evaluate.engine.kept_sets import Diagnosed, KeptSet, kept_set, layer_fingerprints
 from evaluate.engine.pipeline_hooks import GreedyTokens, PipelineRun, PrefillProbe
 from evaluate.engine.requests import AnsweredGroup, hidden_keys
 from evaluate.engine.turns import Conversation
@@ -32,13 +35,14 @@ def ask_conversation(run: PipelineRun, plan: Plan, turns: list[Sample], budget: 
     asked = plan.asked(turns)
     answered = 0
     try:
-        conversation, cache, context_length = _prefilled(run, plan, turns, budget)
+        conversation, cache, context_length, inputs = _prefilled(run, plan, turns, budget)
         kept_ratio = measure_kept_ratio(model, cache, context_length)
         prefilled = [SimpleNamespace(keys=layer.keys) for layer in cache.layers]
         # The context's bytes are counted once per conversation, on its first answered turn, as on the pool's path.
         held, kept = kv_bytes(model, cache)
         cost = Cost(prefill_seconds=probe.seconds, forward_passes=probe.forward_passes, prefills=1)
         cost.kv_bytes_held, cost.kv_bytes_kept = held, kept
+        diagnosis = _diagnosis(run, plan, turns, cache, inputs, cost)
         conversation.start(context_length)
         decoding = plan.profile.decoding is not None
         with press(model) if decoding else nullcontext(), torch.no_grad():
@@ -47,14 +51,16 @@ def ask_conversation(run: PipelineRun, plan: Plan, turns: list[Sample], budget: 
                 cost = cost + turn_cost  # a replayed turn's passes go to the next answered turn
                 if result is not None:
                     result.kept_ratio, result.context_length = kept_ratio, context_length
+                    masks = hidden_keys([layer.self_attn for layer in model.model.layers]) if decoding else None
                     if decoding:
                         lengths = tuple(layer.keys.shape[2] for layer in cache.layers)
-                        masks = hidden_keys([layer.self_attn for layer in model.model.layers])
                         result.kept_ratio, kept = kept_after_answer(
                             SimpleNamespace(layers=prefilled), lengths, masks, context_length
                         )
                         if cost.kv_bytes_held:
                             cost.kv_bytes_held = cost.kv_bytes_kept = kept
+                    if diagnosis is not None:
+                        result.diagnosis = diagnosis.turn(sample, cache, prefilled, masks, cost)
                     result.cost, cost = cost, Cost()
                     result.contexts = 1 if answered == 0 else 0  # the context's cost, once per conversation
                     answered += 1
@@ -71,15 +77,21 @@ def ask_conversation(run: PipelineRun, plan: Plan, turns: list[Sample], budget: 
             layer.self_attn.masked_key_indices = None
 
 
-def _prefilled(run: PipelineRun, plan: Plan, turns: list[Sample], budget: int) -> tuple[Conversation, Cache, int]:
+def _prefilled(
+    run: PipelineRun, plan: Plan, turns: list[Sample], budget: int
+) -> tuple[Conversation, Cache, int, tuple[str, str, int]]:
     """The conversation's context tokenized and prefilled as kvpress's pipeline does it (under the press, unless it
-    only compresses while decoding); its turns, its cache and its context's length."""
+    only compresses while decoding); its turns, its cache, its context's length, and the pipeline's inputs (text,
+    first question, ``max_context_length``)."""
     pipe, first = run.pipe, turns[0]
     model, tokenizer = pipe.model, pipe.tokenizer
     text = plan.compressed_text(first, plan.context(first, tokenizer, budget))
+    question, max_context_length = (
+        "" if plan.spec.query_aware else first.question,
+        pipeline_budget(plan, tokenizer, budget),
+    )
     with chat_template_enabled(tokenizer, first.chat_template):
-        question = "" if plan.spec.query_aware else first.question
-        inputs = pipe.preprocess(text, [question], first.answer_prefix, pipeline_budget(plan, tokenizer, budget))
+        inputs = pipe.preprocess(text, [question], first.answer_prefix, max_context_length)
     conversation = conversation_of(plan, turns, inputs["questions_ids"][0], tokenizer, run.tokens.stop_ids)
     context_ids = inputs["context_ids"].to(model.device)
     if plan.spec.budget is not None:
@@ -88,7 +100,46 @@ def _prefilled(run: PipelineRun, plan: Plan, turns: list[Sample], budget: int) -
     prefill_press = prefill_hook(plan.press)
     with prefill_press(model) if prefill_press is not None else nullcontext(), torch.no_grad():
         model.model(input_ids=context_ids, past_key_values=cache)
-    return conversation, cache, context_ids.shape[1]
+    return conversation, cache, context_ids.shape[1], (text, question, max_context_length)
+
+
+@dataclass
+class _ConversationDiagnosis:
+    """A conversation's diagnostics (evaluate/engine/diagnosis.py): its context's, with the kept set its prefill
+    left; attention recall on its first turn only (a later turn's question follows the earlier turns' history)."""
+
+    context: ContextDiagnosis
+    kept: KeptSet | None
+    recall: bool
+
+    def turn(self, sample: Sample, cache: Cache, prefilled: list, masks: tuple | None, cost: Cost) -> Diagnosed:
+        """One answered turn's fields: a decoding-time press's (``masks``: the keys its last compression masked, per
+        layer) on what this turn's answer left of the context, each layer cut back to its length after the prefill;
+        any other press's (``masks`` None) on its prefill's kept set."""
+        start = time.perf_counter()
+        kept = self.kept
+        if masks is not None:
+            keys = layer_fingerprints(cache)
+            lengths = [layer.keys.shape[2] for layer in prefilled]
+            cut = None if keys is None else [layer[:, :length] for layer, length in zip(keys, lengths, strict=True)]
+            kept = kept_set(self.context.fingerprints, cut, masks, new_keys=True)
+        diagnosed = self.context.diagnose(kept, [sample], self.recall)
+        cost.retention_seconds += time.perf_counter() - start
+        return diagnosed
+
+
+def _diagnosis(run: PipelineRun, plan: Plan, turns: list[Sample], cache: Cache, inputs, cost: Cost):
+    """The conversation's diagnostics (None under ``diagnostics=none``), their cost added to ``cost``."""
+    if run.keys is None:
+        return None
+    start = time.perf_counter()
+    text, question, max_context_length = inputs
+    context = run.diagnosis(plan, turns[:1], text, [question], turns[0].answer_prefix, max_context_length)
+    hidden = hidden_keys([layer.self_attn for layer in run.pipe.model.model.layers])
+    kept = kept_set(context.fingerprints, layer_fingerprints(cache), hidden)
+    cost.attention_recall_seconds += context.recall_seconds
+    cost.retention_seconds += time.perf_counter() - start - context.recall_seconds
+    return _ConversationDiagnosis(context, kept, plan.spec.diagnostics == "attention")
 
 
 def _turn(pipe, tokens: GreedyTokens, probe: PrefillProbe, conversation: Conversation, cache, sample):

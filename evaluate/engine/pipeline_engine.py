@@ -16,7 +16,6 @@ import torch
 from transformers import Cache, DynamicCache, QuantizedCache
 
 from evaluate.benchmarks import Sample
-from evaluate.engine.attention_recall import masks_set_aside
 from evaluate.engine.context_budget import (
     chat_template_enabled,
     pipeline_budget,
@@ -24,7 +23,6 @@ from evaluate.engine.context_budget import (
 from evaluate.engine.cost import Cost, kv_bytes, measure_kept_ratio
 from evaluate.engine.decoding_pool import DecodingPool
 from evaluate.engine.devices import input_device
-from evaluate.engine.diagnosis import ContextDiagnosis
 from evaluate.engine.kept_sets import kept_set, layer_fingerprints
 from evaluate.engine.pipeline_conversations import ask_conversation
 from evaluate.engine.pipeline_hooks import PipelineRun
@@ -166,38 +164,26 @@ def _add_likelihood(result: AnsweredGroup, run: PipelineRun, plan: Plan, cache: 
 
 
 def _add_diagnosis(result: AnsweredGroup, run: PipelineRun, plan: Plan, cache: Cache, inputs: _PipelineInputs) -> None:
-    """The group's diagnostics on the cache the pipeline left, against the prefill's keys (evaluate/engine/
-    diagnosis.py); attention recall prefills the context once more without the press. Their passes are not the
-    answers' and are not counted, as on the pool's path."""
-    pipe, tokenizer, group = run.pipe, run.pipe.tokenizer, result.group
+    """The group's diagnostics on the cache the pipeline left (:meth:`PipelineRun.diagnosis`). A decoding-time
+    press's cache, as the pipeline cut it back, is the last answer's last compression's: it may hold keys of that
+    question and answer, which are no context position."""
     start = time.perf_counter()
+    group = result.group
     try:
-        diagnosis = ContextDiagnosis.of(
-            run.keys.fingerprints, tokenizer, inputs.text, group[0].chat_template, inputs.max_context_length
+        diagnosis = run.diagnosis(
+            plan, group, inputs.text, inputs.questions, inputs.answer_prefix, inputs.max_context_length
         )
-        layers = pipe.model.model.layers
-        # A decoding-time press's cache, as the pipeline cut it back, is the last answer's last compression's: it
-        # may hold keys of that question and answer, which are no context position.
+        layers = run.pipe.model.model.layers
         hidden = hidden_keys([layer.self_attn for layer in layers])
         decoding = plan.profile.decoding is not None
         kept = kept_set(diagnosis.fingerprints, layer_fingerprints(cache), hidden, new_keys=decoding)
-        retention_seconds = time.perf_counter() - start
-        if plan.spec.diagnostics == "attention":
-            with chat_template_enabled(tokenizer, group[0].chat_template):
-                tokens = pipe.preprocess(inputs.text, inputs.questions, inputs.answer_prefix, inputs.max_context_length)
-            uncompressed = DynamicCache()
-            with torch.no_grad(), masks_set_aside(layers):
-                pipe.model.model(
-                    input_ids=tokens["context_ids"].to(input_device(pipe.model)), past_key_values=uncompressed
-                )
-            answers = [reference_answer_ids(plan.benchmark, sample, tokenizer) for sample in group]
-            diagnosis.add_masses(pipe.model, uncompressed, group, tokens["questions_ids"], answers)
         result.diagnosis = diagnosis.diagnose(kept, group, recall=plan.spec.diagnostics == "attention")
+        recall_seconds = diagnosis.recall_seconds
     except Exception as failure:  # as the likelihood fields: the group fails, named, and the run goes on
         result.failure = failure
-        retention_seconds = time.perf_counter() - start
-    result.cost.retention_seconds = retention_seconds
-    result.cost.attention_recall_seconds = time.perf_counter() - start - retention_seconds
+        recall_seconds = 0.0
+    result.cost.retention_seconds = time.perf_counter() - start - recall_seconds
+    result.cost.attention_recall_seconds = recall_seconds
 
 
 def pipeline_likelihood(

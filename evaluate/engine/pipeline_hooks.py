@@ -10,15 +10,18 @@ from functools import partial
 import torch
 from kvpress import DecodingPress
 from kvpress.utils import extract_keys_and_values
-from transformers import Cache
+from transformers import Cache, DynamicCache
 
-from evaluate.engine.context_budget import make_pipeline, templated_context_length
+from evaluate.benchmarks import Sample
+from evaluate.engine.attention_recall import masks_set_aside
+from evaluate.engine.context_budget import chat_template_enabled, make_pipeline, templated_context_length
 from evaluate.engine.decoding_compression import counting_removals
 from evaluate.engine.decoding_pool import DecodingPool, stop_token_ids
-from evaluate.engine.devices import synchronizer
+from evaluate.engine.devices import input_device, synchronizer
+from evaluate.engine.diagnosis import ContextDiagnosis
 from evaluate.engine.kept_sets import key_fingerprints
 from evaluate.engine.requests import GeneratedAnswer
-from evaluate.engine.teacher_forcing import forcing_pool
+from evaluate.engine.teacher_forcing import forcing_pool, reference_answer_ids
 from evaluate.points.plan import Plan
 
 
@@ -169,6 +172,27 @@ class PipelineRun:
         self.tokens.removals = 0
         if self.keys is not None:
             self.keys.reset()
+
+    def diagnosis(
+        self, plan: Plan, group: list[Sample], text: str, questions: list[str], answer_prefix: str, budget: int
+    ) -> ContextDiagnosis:
+        """What the group's diagnostics need of its context (evaluate/engine/diagnosis.py): the prefill's key
+        fingerprints and prefilled text, and under ``diagnostics=attention`` each question's attention mass on the
+        context, for which it prefills the context once more without the press (AdaKV's masks set aside). Its passes
+        are not the answers' and are not counted, as on the pool's path."""
+        tokenizer, model = self.pipe.tokenizer, self.pipe.model
+        diagnosis = ContextDiagnosis.of(self.keys.fingerprints, tokenizer, text, group[0].chat_template, budget)
+        if plan.spec.diagnostics == "attention":
+            start = time.perf_counter()
+            with chat_template_enabled(tokenizer, group[0].chat_template):
+                tokens = self.pipe.preprocess(text, questions, answer_prefix, budget)
+            uncompressed = DynamicCache()
+            with torch.no_grad(), masks_set_aside(model.model.layers):
+                model.model(input_ids=tokens["context_ids"].to(input_device(model)), past_key_values=uncompressed)
+            answers = [reference_answer_ids(plan.benchmark, sample, tokenizer) for sample in group]
+            diagnosis.add_masses(model, uncompressed, group, tokens["questions_ids"], answers)
+            diagnosis.recall_seconds = time.perf_counter() - start
+        return diagnosis
 
     def close(self) -> None:
         self.probe.close()
