@@ -206,7 +206,9 @@ def test_a_decoding_time_press_is_measured_on_what_its_answer_left_on_both_paths
         assert row["answer_retention"] == rows[1][sample]["answer_retention"]
 
 
-@pytest.mark.parametrize("press", [("press=topk", "cr=0.5"), ("method=decoding_knorm", "target_size=64", "history=model")])
+@pytest.mark.parametrize(
+    "press", [("press=topk", "cr=0.5"), ("method=decoding_knorm", "target_size=64", "history=model")]
+)
 def test_turns_multi_carries_the_fields_on_both_paths(tmp_path, press):
     fields = {}
     for batch in (32, 1):

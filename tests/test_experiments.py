@@ -13,6 +13,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from evaluate import rundir
+from evaluate.benchmarks.ruler import TASKS
 from evaluate.points.config import effective_cr, method_name, run_dir
 from hydra_plugins.pressbench_gpus_launcher.grids_sweeper import GridsSweeper, expand
 from tests.support import CONF_DIR
@@ -120,6 +121,24 @@ def test_smoke_has_both_presets_shapes_on_the_embedded_model():
         assert cfg.benchmark.max_seq_length == 1024
         if cfg.query_aware and cfg.press.press is not None and cfg.press.press._target_ == "kvpress.ChunkKVPress":
             assert method_name(cfg) == "chunkkv" and cfg.press.press.chunk_length == 20
+
+
+def test_why_presses_fail_is_four_presses_at_two_ratios_and_snapkvs_two_dtypes():
+    jobs = preset_jobs("why_presses_fail")
+    cfgs = compose_jobs(jobs)
+    points = [(*point(cfg), cfg.dtype) for cfg in cfgs]
+    methods = ("snapkv", "knorm", "streaming_llm", "eg_chunkkv_snapkv")
+    expected = {("ruler_synth", SMOLLM, method, cr, False, "auto") for method, cr in product(methods, (0.5, 0.9))}
+    expected |= {("ruler_synth", SMOLLM, "no_press", 0.0, False, "auto")}
+    expected |= {
+        ("ruler_synth", SMOLLM, "snapkv", cr, False, dtype)
+        for cr, dtype in product((0.5, 0.9), ("float32", "bfloat16"))
+    }
+    assert len(points) == 13 and set(points) == expected
+    assert len({run_dir(cfg) for cfg in cfgs}) == 13
+    for cfg in cfgs:
+        assert (cfg.diagnostics, cfg.save_kept, cfg.limit, cfg.benchmark.max_seq_length) == ("attention", True, 2, 4096)
+        assert list(cfg.benchmark.tasks) == [task for task in TASKS if task.startswith("niah")]
 
 
 def test_command_line_values_replace_the_grids_values():
