@@ -20,12 +20,16 @@ def test_the_docs_table_is_the_schema():
 
 
 def test_a_run_records_every_cost_key_and_the_report_shows_each(tmp_path):
-    cfg = compose_config(tmp_path / "runs", "press=topk", "limit=1", "benchmark.tasks=[niah_single_1]")
+    cfg = compose_config(
+        tmp_path / "runs", "press=topk", "limit=1", "benchmark.tasks=[niah_single_1]", "diagnostics=attention"
+    )
     run(cfg)
     record = rundir.read_json(run_dir(cfg) / rundir.RUN)
     assert [key for key in record if key in COST_KEYS] == list(COST_KEYS)
-    # Every key but those only some runs measure (prefills per conversation: this run has no conversations).
-    measured = [key for key in COST_KEYS if not cost_metadata(key)["optional"]]
+    # Every key but those only some runs measure (prefills per conversation: this run has no conversations; the
+    # diagnostics' under diagnostics=attention).
+    diagnostics = ("retention_seconds", "attention_recall_seconds")
+    measured = [key for key in COST_KEYS if not cost_metadata(key)["optional"] or key in diagnostics]
     assert [key for key in COST_KEYS if record[key] is not None] == measured
 
     runs, skipped = collect_runs(tmp_path / "runs")
