@@ -19,7 +19,7 @@ import torch
 from evaluate.benchmarks import Sample
 from evaluate.engine.answer_span import PrefilledText
 from evaluate.engine.attention_recall import attention_mass
-from evaluate.engine.kept_sets import Diagnosed, KeptSet, key_fingerprints
+from evaluate.engine.kept_sets import Diagnosed, KeptSet
 
 RETENTION_FIELDS = ("answer_retention", "answer_retention_by_layer")
 RECALL_FIELDS = ("attention_recall", "attention_recall_by_layer")
@@ -37,11 +37,12 @@ class ContextDiagnosis:
     recall_seconds: float = 0.0
 
     @classmethod
-    def of(cls, keys: list[torch.Tensor], tokenizer, text: str, chat_template: bool, budget: int) -> "ContextDiagnosis":
-        """From each layer's uncompressed keys (or their fingerprints, :func:`key_fingerprints`, already taken) and
-        the context's text as the pipeline prefills it (``budget``: the pipeline's ``max_context_length``)."""
+    def of(
+        cls, fingerprints: list[torch.Tensor], tokenizer, text: str, chat_template: bool, budget: int
+    ) -> "ContextDiagnosis":
+        """From the fingerprints of each layer's uncompressed keys (:func:`key_fingerprints`) and the context's text
+        as the pipeline prefills it (``budget``: the pipeline's ``max_context_length``)."""
         start = time.perf_counter()
-        fingerprints = [layer if layer.dtype == torch.int64 else key_fingerprints(layer) for layer in keys]
         prefilled = PrefilledText.of(tokenizer, text, chat_template, budget)
         return cls(fingerprints, prefilled, retention_seconds=time.perf_counter() - start)
 

@@ -23,7 +23,7 @@ from evaluate.engine.decoding_compression import compression_policy, kept_after_
 from evaluate.engine.decoding_pool import DecodingPool
 from evaluate.engine.devices import cuda_devices, input_device
 from evaluate.engine.diagnosis import ContextDiagnosis
-from evaluate.engine.kept_sets import Diagnosed, kept_set, layer_fingerprints
+from evaluate.engine.kept_sets import Diagnosed, kept_set, key_fingerprints, layer_fingerprints
 from evaluate.engine.prefill import PrefillCapture, QuestionIds, RandomStream, clear_masks, compressed_cache
 from evaluate.engine.requests import (
     AnsweredGroup,
@@ -317,15 +317,19 @@ class PoolEngine:
         diagnosis = self._diagnosis(capture, full_cache, question_ids, key, members)
         return PrefilledContext(capture, question_ids, length, references, prefill_share, len(members), diagnosis)
 
-    def _diagnosis(self, capture: PrefillCapture, full_cache, question_ids: QuestionIds, key, members):
+    def _diagnosis(
+        self, capture: PrefillCapture, full_cache: DynamicCache, question_ids: QuestionIds, key: tuple, members: list
+    ) -> ContextDiagnosis | None:
         """What the context's points share of their diagnostics (None where none wants any): its keys' fingerprints
         and prefilled text, and each question's attention mass for those under ``diagnostics=attention``."""
         wanting = [(plan, group) for _, plan, group in members if plan.spec.diagnostics != "none"]
         if not wanting:
             return None
+        start = time.perf_counter()
         text, _, _, chat_template, budget = key
-        keys = [keys for _, keys, _, _ in capture.captured]
-        diagnosis = ContextDiagnosis.of(keys, self.tokenizer, text, chat_template, budget)
+        fingerprints = [key_fingerprints(keys) for _, keys, _, _ in capture.captured]
+        diagnosis = ContextDiagnosis.of(fingerprints, self.tokenizer, text, chat_template, budget)
+        diagnosis.retention_seconds = time.perf_counter() - start
         for plan, group in wanting:
             if plan.spec.diagnostics == "attention":
                 asked = group[:1] if plan.spec.turns == "multi" else group  # a conversation's later turns: its history
