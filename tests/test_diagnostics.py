@@ -266,6 +266,20 @@ def test_kept_sets_are_stored_and_two_runs_agree_by_layer(tmp_path):
         agreement_table(run_dir(plain), alone)
 
 
+def test_shards_store_every_rows_kept_set_in_the_points_directory(tmp_path):
+    whole = compose_config(tmp_path / "whole", *NIAH, "press=topk", "cr=0.5", "save_kept=true")
+    run(whole)
+    for index in range(2):
+        run(compose_config(tmp_path / "sharded", *NIAH, "press=topk", "cr=0.5", "save_kept=true", f"shard={index}/2"))
+    sharded = run_dir(compose_config(tmp_path / "sharded", *NIAH, "press=topk", "cr=0.5", "save_kept=true"))
+    assert sorted(rows_of(whole)) == sorted(read_run_kept(sharded)) and len(read_run_kept(sharded)) == 4
+    assert list(agreement_table(run_dir(whole), sharded).data.jaccard) == [1.0, 1.0, 1.0]
+    rows = {row["id"]: row for row in rundir.read_predictions(sharded / rundir.PREDICTIONS)}
+    assert {sample: row["answer_retention"] for sample, row in rows.items()} == {
+        sample: row["answer_retention"] for sample, row in rows_of(whole).items()
+    }
+
+
 def test_save_kept_without_diagnostics_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="save_kept=true stores the kept sets the diagnostics find"):
         checked([compose_config(tmp_path, "save_kept=true", "diagnostics=none")], single=True)
