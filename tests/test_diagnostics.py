@@ -23,12 +23,13 @@ from evaluate.errors import ConfigError
 from evaluate.kept_store import read_run_kept
 from evaluate.models.random_models import TinyRandomModel
 from evaluate.points.config import run_dir
-from evaluate.points.resolve import checked
+from evaluate.points.resolve import checked, resolve
 from evaluate.report.agreement import agreement_table
 from evaluate.report.build import build_report
 from evaluate.report.diagnostics import spearman
 from evaluate.report.runs import ReportError, collect_runs
 from evaluate.run.entry import run, run_sweep
+from evaluate.run.summary import run_summary
 from evaluate.score.diagnostics import diagnostics_metrics
 from evaluate.score.rescore import rescore_run
 from tests.kvpress_reference import ruler_rows
@@ -187,6 +188,10 @@ def test_default_retention_only_rescoring_keeps_it_and_an_uncompressed_run_keeps
     assert rescore_run(run_dir(cfgs[1]))["diagnostics"] == metrics["diagnostics"]
     cost = rundir.read_json(run_dir(cfgs[1]) / rundir.RUN)
     assert cost["retention_seconds"] > 0 and cost["attention_recall_seconds"] is None
+    share = 100 * metrics["diagnostics"]["answer_retention"]["mean"]
+    assert f"% of the KV pairs kept on average, answer retention {share:.1f} %" in run_summary(
+        resolve(cfgs[1]), metrics
+    )
 
 
 def test_a_decoding_time_press_is_measured_on_what_its_answer_left_on_both_paths(tmp_path):

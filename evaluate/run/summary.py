@@ -95,6 +95,12 @@ def likelihood_summary(likelihood: dict) -> str:
     )
 
 
+def diagnostics_summary(diagnostics: dict) -> list[str]:
+    """The diagnostics' headlines (evaluate/score/diagnostics.py), where the run has them."""
+    names = {"answer_retention": "answer retention", "attention_recall": "attention recall"}
+    return [f"{names[name]} {100 * diagnostics[name]['mean']:.1f} %" for name in names if name in diagnostics]
+
+
 def run_summary(spec: PointSpec, metrics: dict, overrides: Sequence[str] = ()) -> str:
     """The lines a single run ends with; ``overrides`` are its command line's (the commands it suggests keep them)."""
     out = spec.out
@@ -110,6 +116,7 @@ def run_summary(spec: PointSpec, metrics: dict, overrides: Sequence[str] = ()) -
                 *([f"score {metrics['score']}"] if metrics.get("score") is not None else []),
                 *([likelihood_summary(metrics["likelihood"])] if metrics.get("likelihood") else []),
                 *([f"{100 * sum(kept) / len(kept):.1f} % of the KV pairs kept on average"] if kept else []),
+                *diagnostics_summary(metrics.get("diagnostics") or {}),
             ]
         )
     ]
