@@ -12,6 +12,8 @@ from contextlib import contextmanager
 
 import torch
 
+from evaluate.engine.devices import input_device
+
 
 @contextmanager
 def eager_attention(model):
@@ -59,7 +61,7 @@ def attention_mass(
     handles = [layer.self_attn.register_forward_hook(keep) for layer in layers]
     try:
         with torch.no_grad(), eager_attention(model), masks_set_aside(layers):
-            model.model(input_ids=inputs.to(model.device), past_key_values=cache)
+            model.model(input_ids=inputs.to(input_device(model)), past_key_values=cache)
     finally:
         for handle in handles:
             handle.remove()
