@@ -25,6 +25,7 @@ from evaluate.benchmarks.longbench_e import (
 from evaluate.points.config import ConfigError, run_dir
 from evaluate.run.entry import run
 from evaluate.score.answer_length import own_metrics
+from evaluate.score.diagnostics import diagnostics_metrics
 from evaluate.score.likelihood import likelihood_metrics
 from evaluate.score.rescore import main as score_main
 from tests.support import compose_config
@@ -254,4 +255,5 @@ def test_a_local_run_records_predictions_and_metrics(tmp_path):
     assert metrics["tasks"]["qasper_e"]["n_by_length"] == {"0-4k": 1, "4-8k": 1, "8k+": 0}
     lengths = own_metrics(rows)
     assert lengths["n"] == len(rows)
-    assert metrics == {**score_predictions(rows), "likelihood": likelihood_metrics(rows), "answer_length": lengths}
+    expected = {**score_predictions(rows), "likelihood": likelihood_metrics(rows), "answer_length": lengths}
+    assert metrics == {**expected, "diagnostics": diagnostics_metrics(rows)}  # where an answer is in its context
