@@ -332,3 +332,23 @@ def test_a_kept_set_file_is_small(tmp_path):
     path = write_kept(tmp_path, "row", mask, np.arange(5))
     assert path.stat().st_size < 30 * 3 * 4096 / 8 * 1.02  # at most the packed bits, and a header
     assert json.dumps(np.load(path)["sample_id"].item()) == '"row"'
+
+
+def test_a_decoding_rows_keys_are_fingerprinted_only_for_the_diagnostics():
+    from kvpress import DecodingPress
+
+    from evaluate.engine.decoding_compression import compression_policy
+
+    class Store:
+        host_lengths = np.array([[5], [5]])
+
+        def row(self, layer_idx, slot):
+            keys = torch.randn(1, 2, 5, 8)
+            return keys, keys
+
+    press = DecodingPress(KnormPress(), compression_interval=4, target_size=64)
+    for fingerprinted in (False, True):
+        row = compression_policy(press, fingerprinted=fingerprinted).start(2)
+        *_, keys = row.final_state(Store(), 0)
+        assert (keys is not None) == fingerprinted
+    assert [tuple(layer.shape) for layer in keys] == [(2, 5, 2), (2, 5, 2)]

@@ -126,6 +126,7 @@ class RowCompression:
     masked: list[tuple[torch.Tensor, torch.Tensor] | None] = field(default_factory=list)
     compressions: int = 0
     removals: int = 0  # compressions that removed (or, AdaKV, masked) pairs: the layer held more than its target
+    fingerprinted: bool = False  # its final state gives its keys' fingerprints (the diagnostics want them)
 
     def __post_init__(self) -> None:
         self.buffers = [[] for _ in range(self.layers)]
@@ -134,10 +135,13 @@ class RowCompression:
 
     def final_state(self, cache: RowStore, slot: int) -> tuple[tuple[int, ...], tuple, bool, tuple]:
         """What a finished row records of its compression: each layer's length as it left, the keys its last
-        compression masked on each layer, whether any compression removed pairs, and the fingerprints of each
-        layer's keys as it left (evaluate/engine/kept_sets.py: which context positions its answer's last
-        compression kept)."""
-        fingerprints = tuple(key_fingerprints(cache.row(layer, slot)[0]) for layer in range(self.layers))
+        compression masked on each layer, whether any compression removed pairs, and, where ``fingerprinted``, the
+        fingerprints of each layer's keys as it left (evaluate/engine/kept_sets.py: which context positions its
+        answer's last compression kept; None otherwise)."""
+        layers = range(self.layers)
+        fingerprints = (
+            tuple(key_fingerprints(cache.row(layer, slot)[0]) for layer in layers) if self.fingerprinted else None
+        )
         return tuple(cache.host_lengths[:, slot].tolist()), tuple(self.masked), self.removals > 0, fingerprints
 
     def after_pass(
@@ -246,11 +250,12 @@ class DecodingCompression:
     new one is a class with these members."""
 
     press: DecodingPress
+    fingerprinted: bool = False  # each finished row gives its keys' fingerprints (diagnostics=retention or attention)
     reads_layer_inputs: ClassVar[bool] = True  # the pool keeps each pass's attention inputs for it (LayerInputs)
 
     def start(self, layers: int) -> RowCompression:
         """The policy's state for one row of ``layers`` layers, fresh for each row that runs."""
-        return RowCompression(self.press, layers)
+        return RowCompression(self.press, layers, fingerprinted=self.fingerprinted)
 
     def slot_length(self, cache_length: int, question_length: int, max_new_tokens: int) -> int:
         """Positions the row's slot needs: its longest moment, plus the spare last position padding writes to.
@@ -292,10 +297,10 @@ class NoCompression:
         return None
 
 
-def compression_policy(decoding: DecodingPress | None) -> CompressionPolicy:
+def compression_policy(decoding: DecodingPress | None, fingerprinted: bool = False) -> CompressionPolicy:
     """What each row of a point does to its own cache after its passes, given its press's decoding part: compress it
-    on the press's schedule, or nothing."""
-    return NoCompression() if decoding is None else DecodingCompression(decoding)
+    on the press's schedule (``fingerprinted``: and give its keys' fingerprints as it leaves), or nothing."""
+    return NoCompression() if decoding is None else DecodingCompression(decoding, fingerprinted)
 
 
 def compress_after_pass(

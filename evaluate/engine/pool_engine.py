@@ -394,11 +394,11 @@ class PoolEngine:
         point, plan, group = member
         cache, hidden, ids = compressed
         decoding = plan.profile.decoding
-        compression = compression_policy(decoding)
         # A row compressed while decoding measures what its answer left against this cache (GroupAnswers.arrive),
-        # and its diagnostics again (GroupAnswers.diagnose_row).
+        # and its diagnostics again (GroupAnswers.diagnose_row), from its keys' fingerprints as it leaves.
         prefill_cache = cache if decoding is not None else None
         row_diagnosis = context.diagnosis if decoding is not None and result.diagnosis is not None else None
+        compression = compression_policy(decoding, fingerprinted=row_diagnosis is not None)
         answers = GroupAnswers(
             result, self.tokenizer, len(ids), prefill_cache, row_diagnosis, plan.spec.diagnostics == "attention"
         )
